@@ -1,0 +1,1027 @@
+//! RFC 8785 (JSON Canonicalization Scheme) and SHA-256 fingerprints of JSON texts.
+//!
+//! The parser works bottom-up with an explicit stack and renders every value to its
+//! canonical text as soon as it is complete, so neither parsing nor output recurses.
+
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanonError {
+    /// The text is not valid JSON (position is a byte offset), e.g. trailing garbage.
+    Syntax { position: usize, what: &'static str },
+    /// A number outside the IEEE 754 double range (e.g. 1e400): RFC 8785 cannot represent it.
+    NumberOutOfRange(String),
+    /// Nesting deeper than MAX_DEPTH.
+    TooDeep,
+}
+
+impl fmt::Display for CanonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CanonError::Syntax { position, what } => {
+                write!(f, "invalid json at byte {position}: {what}")
+            }
+            CanonError::NumberOutOfRange(text) => write!(f, "number out of range: {text}"),
+            CanonError::TooDeep => write!(f, "json nested deeper than {MAX_DEPTH} levels"),
+        }
+    }
+}
+
+impl std::error::Error for CanonError {}
+
+pub const MAX_DEPTH: usize = 1000;
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// RFC 8785 (JCS) canonical form of a JSON text. `ignore`: top-level object keys left out
+/// (ignored when the top-level value is not an object).
+pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
+    let mut p = Parser { text: json, pos: 0 };
+    let mut stack: Vec<Frame> = Vec::new();
+    loop {
+        // Read one value. An opened non-empty container becomes a frame and we go
+        // round again for its first element.
+        p.skip_ws();
+        let mut value = match p.peek() {
+            Some(open @ (b'[' | b'{')) => {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(CanonError::TooDeep);
+                }
+                p.pos += 1;
+                p.skip_ws();
+                if open == b'[' {
+                    if p.eat(b']') {
+                        "[]".to_string()
+                    } else {
+                        stack.push(Frame::Array(Vec::new()));
+                        continue;
+                    }
+                } else if p.eat(b'}') {
+                    "{}".to_string()
+                } else {
+                    let key = p.member_key()?;
+                    stack.push(Frame::Object {
+                        members: Vec::new(),
+                        key,
+                    });
+                    continue;
+                }
+            }
+            Some(b'"') => {
+                let s = p.string()?;
+                let mut out = String::with_capacity(s.len() + 2);
+                write_string(&s, &mut out);
+                out
+            }
+            Some(b'-' | b'0'..=b'9') => format_number(p.number()?),
+            Some(b't') => p.literal("true")?,
+            Some(b'f') => p.literal("false")?,
+            Some(b'n') => p.literal("null")?,
+            Some(_) => return Err(p.error("unexpected character")),
+            None => return Err(p.error("unexpected end of input")),
+        };
+
+        // Hand the finished value to its container; each container that closes
+        // becomes in turn the finished value for the one around it.
+        loop {
+            let Some(frame) = stack.pop() else {
+                p.skip_ws();
+                if p.pos < p.text.len() {
+                    return Err(p.error("trailing characters after json value"));
+                }
+                return Ok(value);
+            };
+            p.skip_ws();
+            match frame {
+                Frame::Array(mut items) => {
+                    items.push(value);
+                    if p.eat(b',') {
+                        stack.push(Frame::Array(items));
+                        break;
+                    } else if p.eat(b']') {
+                        value = format!("[{}]", items.join(","));
+                    } else {
+                        return Err(p.error("expected ',' or ']'"));
+                    }
+                }
+                Frame::Object { mut members, key } => {
+                    members.push((key, value));
+                    if p.eat(b',') {
+                        let key = p.member_key()?;
+                        stack.push(Frame::Object { members, key });
+                        break;
+                    } else if p.eat(b'}') {
+                        let dropped = if stack.is_empty() { ignore } else { &[] };
+                        value = render_object(members, dropped);
+                    } else {
+                        return Err(p.error("expected ',' or '}'"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// "sha256:" + 64 lower-case hex digits of the bytes.
+pub fn sha256_tagged(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(7 + 2 * digest.len());
+    out.push_str("sha256:");
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+/// sha256_tagged(canonicalize(json, ignore)?.as_bytes())
+pub fn fingerprint_json(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
+    Ok(sha256_tagged(canonicalize(json, ignore)?.as_bytes()))
+}
+
+/// A container still being read. Elements are kept already in canonical form.
+enum Frame {
+    Array(Vec<String>),
+    /// `key` is the (decoded) key whose value is being read.
+    Object {
+        members: Vec<(String, String)>,
+        key: String,
+    },
+}
+
+fn render_object(mut members: Vec<(String, String)>, ignore: &[&str]) -> String {
+    members.retain(|(key, _)| !ignore.contains(&key.as_str()));
+    // JCS orders keys by UTF-16 code units. The sort is stable, so among duplicate
+    // keys the last one read comes last, and that is the one kept.
+    members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
+    let mut kept: Vec<(String, String)> = Vec::with_capacity(members.len());
+    for member in members {
+        if kept.last().is_some_and(|(key, _)| *key == member.0) {
+            kept.pop();
+        }
+        kept.push(member);
+    }
+
+    let mut out = String::from("{");
+    for (i, (key, value)) in kept.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, &mut out);
+        out.push(':');
+        out.push_str(value);
+    }
+    out.push('}');
+    out
+}
+
+/// A string as ECMAScript's JSON.stringify writes it.
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            '\0'..='\u{1f}' => {
+                let b = c as usize;
+                out.push_str("\\u00");
+                out.push(char::from(HEX[b >> 4]));
+                out.push(char::from(HEX[b & 0xf]));
+            }
+            _ => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A finite double as ECMAScript's Number.prototype.toString writes it.
+fn format_number(x: f64) -> String {
+    if x == 0.0 {
+        return "0".to_string(); // also -0
+    }
+    // `{:e}` gives the shortest digits that round-trip, as "d.ddde-7" or "de21". When two
+    // such digit strings are equally close to x it takes the upper one, but ECMAScript
+    // wants the even one (RFC 8785 Appendix B: 1424953923781206.25 gives ...206.2).
+    // Formatting to the same number of digits rounds half to even, so use that instead
+    // whenever it still round-trips.
+    let shortest = format!("{:e}", x.abs());
+    let k = split_sci(&shortest).0.len();
+    let nearest = format!("{:.*e}", k - 1, x.abs());
+    let chosen = if nearest.parse() == Ok(x.abs()) {
+        nearest
+    } else {
+        shortest
+    };
+    let (digits, exponent) = split_sci(&chosen);
+    let k = digits.len() as i32;
+    // value = digits × 10^(n − k)
+    let n = exponent + 1;
+
+    let mut out = String::new();
+    if x < 0.0 {
+        out.push('-');
+    }
+    if k <= n && n <= 21 {
+        out.push_str(&digits);
+        out.extend(std::iter::repeat_n('0', (n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        let (int, frac) = digits.split_at(n as usize);
+        out.push_str(int);
+        out.push('.');
+        out.push_str(frac);
+    } else if -6 < n && n <= 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', (-n) as usize));
+        out.push_str(&digits);
+    } else {
+        let (first, rest) = digits.split_at(1);
+        out.push_str(first);
+        if !rest.is_empty() {
+            out.push('.');
+            out.push_str(rest);
+        }
+        out.push('e');
+        out.push(if n > 0 { '+' } else { '-' });
+        out.push_str(&(n - 1).abs().to_string());
+    }
+    out
+}
+
+/// Splits Rust's `{:e}` output such as "1.25e-7" into digits ("125") and exponent (-7).
+fn split_sci(sci: &str) -> (String, i32) {
+    let (mantissa, exponent) = sci.split_once('e').expect("`{:e}` output has an exponent");
+    let exponent = exponent
+        .parse()
+        .expect("`{:e}` output has an integer exponent");
+    (mantissa.replace('.', ""), exponent)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.pos).copied()
+    }
+
+    fn eat(&mut self, b: u8) -> bool {
+        let hit = self.peek() == Some(b);
+        if hit {
+            self.pos += 1;
+        }
+        hit
+    }
+
+    fn error(&self, what: &'static str) -> CanonError {
+        CanonError::Syntax {
+            position: self.pos,
+            what,
+        }
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    /// Reads `"key" :` (with any whitespace around) and returns the decoded key.
+    fn member_key(&mut self) -> Result<String, CanonError> {
+        self.skip_ws();
+        if self.peek() != Some(b'"') {
+            return Err(self.error("expected string key"));
+        }
+        let key = self.string()?;
+        self.skip_ws();
+        if !self.eat(b':') {
+            return Err(self.error("expected ':'"));
+        }
+        Ok(key)
+    }
+
+    fn literal(&mut self, word: &'static str) -> Result<String, CanonError> {
+        if !self.text[self.pos..].starts_with(word) {
+            return Err(self.error("invalid literal"));
+        }
+        self.pos += word.len();
+        Ok(word.to_string())
+    }
+
+    /// Consumes one or more ASCII digits; false if there was none.
+    fn digits(&mut self) -> bool {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos > start
+    }
+
+    fn number(&mut self) -> Result<f64, CanonError> {
+        let start = self.pos;
+        self.eat(b'-');
+        if !self.eat(b'0') && !self.digits() {
+            return Err(self.error("expected digit"));
+        }
+        if self.eat(b'.') && !self.digits() {
+            return Err(self.error("expected digit after '.'"));
+        }
+        if self.eat(b'e') || self.eat(b'E') {
+            let _ = self.eat(b'+') || self.eat(b'-');
+            if !self.digits() {
+                return Err(self.error("expected digit in exponent"));
+            }
+        }
+        let text = &self.text[start..self.pos];
+        let x: f64 = text.parse().map_err(|_| CanonError::Syntax {
+            position: start,
+            what: "invalid number",
+        })?;
+        if x.is_infinite() {
+            return Err(CanonError::NumberOutOfRange(text.to_string()));
+        }
+        Ok(x)
+    }
+
+    /// Reads a string literal starting at its opening quote and returns its value.
+    fn string(&mut self) -> Result<String, CanonError> {
+        self.pos += 1; // opening quote
+        let mut out = String::new();
+        loop {
+            // Copy the run of ordinary characters up to the next quote, backslash or
+            // control character; those are all ASCII, so the slice is on char boundaries.
+            let start = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            out.push_str(&self.text[start..self.pos]);
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    out.push(self.escape()?);
+                }
+                Some(_) => return Err(self.error("control character in string")),
+                None => return Err(self.error("unterminated string")),
+            }
+        }
+    }
+
+    /// Decodes the escape after a backslash.
+    fn escape(&mut self) -> Result<char, CanonError> {
+        let Some(b) = self.peek() else {
+            return Err(self.error("unterminated string"));
+        };
+        self.pos += 1;
+        let c = match b {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => return self.unicode_escape(),
+            _ => {
+                self.pos -= 1;
+                return Err(self.error("invalid escape"));
+            }
+        };
+        Ok(c)
+    }
+
+    /// Decodes the XXXX of `\uXXXX`, and the low half if it is a high surrogate.
+    fn unicode_escape(&mut self) -> Result<char, CanonError> {
+        let start = self.pos - 2;
+        let unit = self.hex4()?;
+        let code = match unit {
+            0xd800..=0xdbff => {
+                if !(self.eat(b'\\') && self.eat(b'u')) {
+                    return Err(CanonError::Syntax {
+                        position: start,
+                        what: "unpaired surrogate",
+                    });
+                }
+                let low = self.hex4()?;
+                if !(0xdc00..=0xdfff).contains(&low) {
+                    return Err(CanonError::Syntax {
+                        position: start,
+                        what: "unpaired surrogate",
+                    });
+                }
+                0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00)
+            }
+            0xdc00..=0xdfff => {
+                return Err(CanonError::Syntax {
+                    position: start,
+                    what: "unpaired surrogate",
+                });
+            }
+            _ => unit,
+        };
+        char::from_u32(code).ok_or(CanonError::Syntax {
+            position: start,
+            what: "invalid \\u escape",
+        })
+    }
+
+    fn hex4(&mut self) -> Result<u32, CanonError> {
+        let mut value = 0;
+        for _ in 0..4 {
+            let digit = match self.peek() {
+                Some(b @ b'0'..=b'9') => b - b'0',
+                Some(b @ b'a'..=b'f') => b - b'a' + 10,
+                Some(b @ b'A'..=b'F') => b - b'A' + 10,
+                _ => return Err(self.error("expected four hex digits after \\u")),
+            };
+            value = value * 16 + u32::from(digit);
+            self.pos += 1;
+        }
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(json: &str) -> String {
+        match canonicalize(json, &[]) {
+            Ok(s) => s,
+            Err(e) => panic!("canonicalize({json:?}) failed: {e}"),
+        }
+    }
+
+    fn is_syntax_error(json: &str) -> bool {
+        matches!(canonicalize(json, &[]), Err(CanonError::Syntax { .. }))
+    }
+
+    #[test]
+    fn rfc8785_appendix_b_numbers() {
+        // Expected values from RFC 8785 Appendix B, cross-checked with node's String(x).
+        let table: &[(u64, &str)] = &[
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ];
+        for &(bits, expected) in table {
+            let text = format!("{:e}", f64::from_bits(bits));
+            assert_eq!(canon(&text), expected, "bits {bits:#018x}, input {text}");
+            // The canonical text is itself JSON and canonicalizes to itself.
+            assert_eq!(canon(expected), expected);
+        }
+    }
+
+    #[test]
+    fn rfc8785_example_object() {
+        let input = r#"{
+  "numbers": [333333333.33333329, 1E30, 4.50,
+              2e-3, 0.000000000000000000000000001],
+  "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+  "literals": [null, true, false]
+}"#;
+        let expected = r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
+        assert_eq!(canon(input), expected);
+    }
+
+    #[test]
+    fn rfc8785_sorting_example() {
+        let input = r#"{
+  "\u20ac": "Euro Sign",
+  "\r": "Carriage Return",
+  "\ufb33": "Hebrew Letter Dalet With Dagesh",
+  "1": "One",
+  "\ud83d\ude00": "Emoji: Grinning Face",
+  "\u0080": "Control",
+  "\u00f6": "Latin Small Letter O With Diaeresis"
+}"#;
+        let expected = concat!(
+            "{\"\\r\":\"Carriage Return\",",
+            "\"1\":\"One\",",
+            "\"\u{80}\":\"Control\",",
+            "\"\u{f6}\":\"Latin Small Letter O With Diaeresis\",",
+            "\"\u{20ac}\":\"Euro Sign\",",
+            "\"\u{1f600}\":\"Emoji: Grinning Face\",",
+            "\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}",
+        );
+        assert_eq!(canon(input), expected);
+    }
+
+    #[test]
+    fn keys_sort_by_utf16_not_by_char() {
+        // U+10000 is D800 DC00 in UTF-16, so it sorts before U+E000 (Rust's str order
+        // puts it after).
+        assert!("\u{e000}" < "\u{10000}");
+        let expected = "{\"\u{10000}\":2,\"\u{e000}\":1}";
+        assert_eq!(canon(r#"{"\ue000":1,"\ud800\udc00":2}"#), expected);
+        assert_eq!(canon("{\"\u{e000}\":1,\"\u{10000}\":2}"), expected);
+        // Shorter prefix first; code unit order otherwise.
+        assert_eq!(
+            canon(r#"{"ab":1,"a":2,"B":3,"":4}"#),
+            r#"{"":4,"B":3,"a":2,"ab":1}"#
+        );
+    }
+
+    #[test]
+    fn number_forms() {
+        let cases = [
+            ("1", "1"),
+            ("1.0", "1"),
+            ("1e2", "100"),
+            ("1E+2", "100"),
+            ("2.50", "2.5"),
+            ("-0", "0"),
+            ("-0.0", "0"),
+            ("0e10", "0"),
+            ("1e21", "1e+21"),
+            ("1e20", "100000000000000000000"),
+            ("0.000001", "0.000001"),
+            ("1e-7", "1e-7"),
+            ("-1.5e-7", "-1.5e-7"),
+            // Exact value 123456789012345685803008: ...69e23 is the closest 17-digit form.
+            ("123456789012345678901234", "1.2345678901234569e+23"),
+            ("5e-324", "5e-324"),
+            ("1.7976931348623157e308", "1.7976931348623157e+308"),
+            ("9007199254740993", "9007199254740992"),
+            ("0.1", "0.1"),
+            ("-1e-400", "0"),
+            ("1e-99999999999999999999", "0"),
+            ("-12.5", "-12.5"),
+            // Ties between two shortest forms go to the even digit (checked with node).
+            ("1059438285926254.25", "1059438285926254.2"),
+            ("26363981746409.3125", "26363981746409.312"),
+            // 2^-1017: the even neighbour 7.120236347223044e-307 would not round-trip.
+            ("7.120236347223045e-307", "7.120236347223045e-307"),
+            ("1000000", "1000000"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(canon(input), expected, "input {input}");
+        }
+    }
+
+    #[test]
+    fn numbers_out_of_range() {
+        for input in ["1e400", "-1e400", "1e99999999999999999999", "1.8e308"] {
+            assert_eq!(
+                canonicalize(input, &[]),
+                Err(CanonError::NumberOutOfRange(input.to_string()))
+            );
+        }
+        assert_eq!(
+            canonicalize(r#"{"a": [1, 2e400]}"#, &[]),
+            Err(CanonError::NumberOutOfRange("2e400".to_string()))
+        );
+    }
+
+    #[test]
+    fn key_order_and_nesting() {
+        assert_eq!(
+            canon(r#"{"b":1,"a":{"d":[],"c":{}}}"#),
+            r#"{"a":{"c":{},"d":[]},"b":1}"#
+        );
+        assert_eq!(canon(r#"[3,1,2]"#), "[3,1,2]");
+        assert_eq!(
+            canon(r#"[{"z":[{"y":1,"x":2}],"a":null}]"#),
+            r#"[{"a":null,"z":[{"x":2,"y":1}]}]"#
+        );
+    }
+
+    #[test]
+    fn literals_and_scalars() {
+        assert_eq!(canon("true"), "true");
+        assert_eq!(canon("false"), "false");
+        assert_eq!(canon(" null "), "null");
+        assert_eq!(canon(r#""x""#), r#""x""#);
+        assert_eq!(canon("[true,false,null]"), "[true,false,null]");
+    }
+
+    #[test]
+    fn whitespace_is_dropped() {
+        let expected = r#"{"a":[1,2,{"c":"x y"}],"b":true}"#;
+        for input in [
+            r#"{"b":true,"a":[1,2,{"c":"x y"}]}"#,
+            r#"{"b": true, "a": [1, 2, {"c": "x y"}]}"#,
+            "\n\t{ \"b\" :\r\n true ,\"a\"\t:[ 1 ,2,\n{ \"c\":\"x y\" } ] }\n ",
+        ] {
+            assert_eq!(canon(input), expected, "input {input:?}");
+        }
+        assert_eq!(canon(" [ ] "), "[]");
+        assert_eq!(canon("{ \n }"), "{}");
+    }
+
+    #[test]
+    fn duplicate_keys_keep_the_last() {
+        assert_eq!(canon(r#"{"a":1,"b":0,"a":2}"#), r#"{"a":2,"b":0}"#);
+        assert_eq!(canon(r#"{"a":1,"\u0061":[3]}"#), r#"{"a":[3]}"#);
+    }
+
+    #[test]
+    fn string_escaping() {
+        // Every class: short escapes, \u00xx (lower-case hex) for the other controls,
+        // quote and backslash; '/', DEL and U+0080 are literal.
+        let input = r#""\u0000\u0001\u0007\b\t\n\u000B\f\r\u000e\u001F \u007f\/\"\\\u0080""#;
+        let expected =
+            "\"\\u0000\\u0001\\u0007\\b\\t\\n\\u000b\\f\\r\\u000e\\u001f \u{7f}/\\\"\\\\\u{80}\"";
+        assert_eq!(canon(input), expected);
+        // Raw DEL and '/' in the input are already canonical.
+        assert_eq!(canon("\"a/\u{7f}b\""), "\"a/\u{7f}b\"");
+        // Escaped keys get the same treatment.
+        assert_eq!(canon(r#"{"\n\u0002":1}"#), r#"{"\n\u0002":1}"#);
+    }
+
+    #[test]
+    fn non_ascii_stays_literal() {
+        assert_eq!(canon(r#"["é","日本","😀"]"#), r#"["é","日本","😀"]"#);
+        assert_eq!(
+            canon(r#"["\u00e9","\u65e5\u672C","\uD83D\uDE00"]"#),
+            r#"["é","日本","😀"]"#
+        );
+        assert_eq!(canon(r#"{"日本":"é"}"#), r#"{"日本":"é"}"#);
+    }
+
+    #[test]
+    fn ignore_drops_top_level_keys_only() {
+        let input = r#"{"ts": 1, "a": {"ts": 2, "b": 3}, "list": [{"ts": 4}], "id": 5}"#;
+        assert_eq!(
+            canonicalize(input, &["ts", "id"]),
+            Ok(r#"{"a":{"b":3,"ts":2},"list":[{"ts":4}]}"#.to_string())
+        );
+        assert_eq!(canonicalize(r#"{"ts":1}"#, &["ts"]), Ok("{}".to_string()));
+        assert_eq!(
+            canonicalize(r#"{"a":1}"#, &["missing"]),
+            Ok(r#"{"a":1}"#.to_string())
+        );
+        // Keys are compared after unescaping; duplicates all go.
+        assert_eq!(
+            canonicalize(r#"{"t\u0073":1,"ts":2,"x":3}"#, &["ts"]),
+            Ok(r#"{"x":3}"#.to_string())
+        );
+    }
+
+    #[test]
+    fn ignore_on_non_object_is_a_no_op() {
+        assert_eq!(
+            canonicalize(r#"[{"ts":1}]"#, &["ts"]),
+            Ok(r#"[{"ts":1}]"#.to_string())
+        );
+        assert_eq!(canonicalize(r#""ts""#, &["ts"]), Ok(r#""ts""#.to_string()));
+        assert_eq!(canonicalize("1", &["ts"]), Ok("1".to_string()));
+    }
+
+    #[test]
+    fn sha256_known_vectors() {
+        assert_eq!(
+            sha256_tagged(b""),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            sha256_tagged(b"abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn fingerprint_of_canonical_form() {
+        // sha256 of the bytes {"a":2,"b":1}, computed with sha256sum.
+        let expected = "sha256:d3626ac30a87e6f7a6428233b3c68299976865fa5508e4267c5415c76af7a772";
+        assert_eq!(
+            fingerprint_json(r#"{"b": 1, "a": 2}"#, &[]),
+            Ok(expected.to_string())
+        );
+        assert_eq!(
+            fingerprint_json(r#"{"a":2.0,"b":1,"ts":"now"}"#, &["ts"]),
+            Ok(expected.to_string())
+        );
+        assert!(matches!(
+            fingerprint_json("{", &[]),
+            Err(CanonError::Syntax { .. })
+        ));
+    }
+
+    #[test]
+    fn invalid_inputs_are_errors() {
+        for input in [
+            "",
+            "   ",
+            "{",
+            "[",
+            "[1,]",
+            "[1 2]",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+            "{a:1}",
+            "{\"a\":}",
+            "01",
+            "-01",
+            "1.",
+            ".5",
+            "+1",
+            "-",
+            "1e",
+            "1e+",
+            "0x10",
+            "nul",
+            "tru",
+            "nulll",
+            "True",
+            "NaN",
+            "Infinity",
+            "\"abc",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"\\ud800\\u0041\"",
+            "\"\\ud800\\n\"",
+            "\"\\u12\"",
+            "\"\\x41\"",
+            "\"\\",
+            "\"a\u{1}\"",
+            "\"tab\there\"",
+            "1 2",
+            "{} []",
+            "]",
+            "\u{feff}1",
+            "\u{c}1",
+        ] {
+            assert!(
+                is_syntax_error(input),
+                "expected syntax error for {input:?}, got {:?}",
+                canonicalize(input, &[])
+            );
+        }
+    }
+
+    #[test]
+    fn syntax_error_positions() {
+        assert_eq!(
+            canonicalize("1 2", &[]),
+            Err(CanonError::Syntax {
+                position: 2,
+                what: "trailing characters after json value"
+            })
+        );
+        assert_eq!(
+            canonicalize("[1,]", &[]),
+            Err(CanonError::Syntax {
+                position: 3,
+                what: "unexpected character"
+            })
+        );
+        assert_eq!(
+            canonicalize("", &[]),
+            Err(CanonError::Syntax {
+                position: 0,
+                what: "unexpected end of input"
+            })
+        );
+    }
+
+    #[test]
+    fn nesting_limit() {
+        let ok_arrays = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert_eq!(canon(&ok_arrays), ok_arrays);
+        let ok_objects = format!("{}1{}", "{\"a\":".repeat(MAX_DEPTH), "}".repeat(MAX_DEPTH));
+        assert_eq!(canon(&ok_objects), ok_objects);
+
+        let deep = MAX_DEPTH + 1;
+        let too_deep = format!("{}{}", "[".repeat(deep), "]".repeat(deep));
+        assert_eq!(canonicalize(&too_deep, &[]), Err(CanonError::TooDeep));
+        assert_eq!(
+            canonicalize(&"[".repeat(100_000), &[]),
+            Err(CanonError::TooDeep)
+        );
+        assert_eq!(
+            canonicalize(&"{\"a\":".repeat(100_000), &[]),
+            Err(CanonError::TooDeep)
+        );
+    }
+
+    #[test]
+    fn error_messages() {
+        let e = CanonError::Syntax {
+            position: 3,
+            what: "unexpected character",
+        };
+        assert_eq!(
+            e.to_string(),
+            "invalid json at byte 3: unexpected character"
+        );
+        assert_eq!(
+            CanonError::NumberOutOfRange("1e400".into()).to_string(),
+            "number out of range: 1e400"
+        );
+        assert_eq!(
+            CanonError::TooDeep.to_string(),
+            "json nested deeper than 1000 levels"
+        );
+    }
+
+    /// Property check with a small seeded generator (no extra dev-dependency): random
+    /// values written with random whitespace and with every non-ASCII character
+    /// escaped canonicalize like the compact writing, and canonicalizing is idempotent.
+    mod random {
+        use super::super::canonicalize;
+
+        enum Json {
+            Null,
+            Bool(bool),
+            Num(f64),
+            Str(String),
+            Arr(Vec<Json>),
+            Obj(Vec<(String, Json)>),
+        }
+
+        /// xorshift64*
+        struct Rng(u64);
+
+        impl Rng {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 >> 12;
+                self.0 ^= self.0 << 25;
+                self.0 ^= self.0 >> 27;
+                self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            }
+
+            fn below(&mut self, n: usize) -> usize {
+                (self.next() % n as u64) as usize
+            }
+
+            fn number(&mut self) -> f64 {
+                if self.below(2) == 0 {
+                    return self.below(2001) as f64 - 1000.0;
+                }
+                loop {
+                    let x = f64::from_bits(self.next());
+                    if x.is_finite() {
+                        return x;
+                    }
+                }
+            }
+
+            fn string(&mut self, palette: &[char], max_len: usize) -> String {
+                (0..self.below(max_len + 1))
+                    .map(|_| match self.below(palette.len() + 1) {
+                        // Now and then any scalar value at all.
+                        0 => char::from_u32((self.next() % 0x11_0000) as u32).unwrap_or('?'),
+                        i => palette[i - 1],
+                    })
+                    .collect()
+            }
+
+            fn value(&mut self, depth: usize) -> Json {
+                const TEXT: &[char] = &[
+                    'a',
+                    'Z',
+                    ' ',
+                    '"',
+                    '\\',
+                    '/',
+                    '\0',
+                    '\u{1}',
+                    '\u{8}',
+                    '\t',
+                    '\n',
+                    '\u{c}',
+                    '\r',
+                    '\u{1f}',
+                    '\u{7f}',
+                    'é',
+                    '日',
+                    '\u{e000}',
+                    '\u{ffff}',
+                    '😀',
+                    '\u{10000}',
+                ];
+                const KEYS: &[char] = &['a', 'b', 'B', 'é', '\u{e000}', '\u{10000}'];
+                let kinds = if depth == 0 { 4 } else { 6 };
+                match self.below(kinds) {
+                    0 => Json::Null,
+                    1 => match self.below(3) {
+                        0 => Json::Bool(true),
+                        1 => Json::Bool(false),
+                        _ => Json::Num(self.number()),
+                    },
+                    2 => Json::Num(self.number()),
+                    3 => Json::Str(self.string(TEXT, 6)),
+                    4 => Json::Arr((0..self.below(5)).map(|_| self.value(depth - 1)).collect()),
+                    _ => Json::Obj(
+                        (0..self.below(5))
+                            .map(|_| (self.string(KEYS, 2), self.value(depth - 1)))
+                            .collect(),
+                    ),
+                }
+            }
+
+            fn whitespace(&mut self) -> String {
+                (0..self.below(4))
+                    .map(|_| [' ', '\t', '\n', '\r'][self.below(4)])
+                    .collect()
+            }
+        }
+
+        /// Writes JSON with `ws()` between all tokens; strings escape everything outside
+        /// printable ASCII as \uXXXX, so they differ from the canonical form.
+        fn render(value: &Json, ws: &mut dyn FnMut() -> String, out: &mut String) {
+            out.push_str(&ws());
+            match value {
+                Json::Null => out.push_str("null"),
+                Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                Json::Num(x) => out.push_str(&format!("{x:e}")),
+                Json::Str(s) => render_str(s, out),
+                Json::Arr(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        render(item, ws, out);
+                    }
+                    out.push_str(&ws());
+                    out.push(']');
+                }
+                Json::Obj(members) => {
+                    out.push('{');
+                    for (i, (key, item)) in members.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(&ws());
+                        render_str(key, out);
+                        out.push_str(&ws());
+                        out.push(':');
+                        render(item, ws, out);
+                    }
+                    out.push_str(&ws());
+                    out.push('}');
+                }
+            }
+            out.push_str(&ws());
+        }
+
+        fn render_str(s: &str, out: &mut String) {
+            out.push('"');
+            for unit in s.encode_utf16() {
+                match unit {
+                    0x22 => out.push_str("\\\""),
+                    0x5c => out.push_str("\\\\"),
+                    0x20..=0x7e => out.push(char::from(unit as u8)),
+                    _ => out.push_str(&format!("\\u{unit:04X}")),
+                }
+            }
+            out.push('"');
+        }
+
+        #[test]
+        fn whitespace_and_escapes_do_not_matter_and_idempotent() {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            for _ in 0..2000 {
+                let value = rng.value(4);
+                let mut compact = String::new();
+                render(&value, &mut String::new, &mut compact);
+                let mut spaced = String::new();
+                render(&value, &mut || rng.whitespace(), &mut spaced);
+
+                let canonical = canonicalize(&compact, &[]);
+                let Ok(c) = &canonical else {
+                    panic!("{canonical:?} for {compact}");
+                };
+                assert_eq!(canonicalize(&spaced, &[]), canonical, "{spaced:?}");
+                assert_eq!(canonicalize(c, &[]), canonical, "{c:?}");
+            }
+        }
+    }
+}

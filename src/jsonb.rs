@@ -1,0 +1,93 @@
+//! `Jsonb`: a jsonb value passed through as PostgreSQL's own datum.
+//!
+//! pgrx's `JsonB` parses every value into serde_json and back. Response bodies can be
+//! megabytes and we never look inside them, so arguments stay the caller's datum and go
+//! straight into the statement that stores them; values read back are copied once.
+
+use std::ffi::CStr;
+
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
+use pgrx::pg_sys;
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
+use pgrx::{direct_function_call, FromDatum, IntoDatum};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Jsonb(pg_sys::Datum);
+
+impl Jsonb {
+    /// The root container's kind: "object", "array" or "scalar".
+    pub fn kind(&self) -> &'static str {
+        // SAFETY: the datum is a valid jsonb varlena; JsonbContainer.header is the first
+        // word after the varlena header.
+        unsafe {
+            let detoasted = pg_sys::pg_detoast_datum(self.0.cast_mut_ptr());
+            let header = *(pgrx::vardata_any(detoasted.cast()) as *const u32);
+            if header & pg_sys::JB_FSCALAR != 0 {
+                "scalar"
+            } else if header & pg_sys::JB_FOBJECT != 0 {
+                "object"
+            } else {
+                "array"
+            }
+        }
+    }
+
+    /// PostgreSQL's text form of the value (jsonb_out).
+    pub fn to_text(&self) -> String {
+        // SAFETY: jsonb_out takes a jsonb datum and returns a palloc'd C string.
+        unsafe {
+            let text = direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(self.0)])
+                .expect("jsonb_out returned NULL");
+            let owned = text.to_string_lossy().into_owned();
+            pg_sys::pfree(text.as_ptr() as *mut _);
+            owned
+        }
+    }
+}
+
+impl FromDatum for Jsonb {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        if is_null {
+            None
+        } else {
+            // Values read through SPI must outlive SPI_finish: copy (and detoast) them into the
+            // memory context pgrx switched to.
+            Some(Jsonb(pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(datum.cast_mut_ptr()))))
+        }
+    }
+}
+
+impl IntoDatum for Jsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl<'fcx> ArgAbi<'fcx> for Jsonb {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        // An argument lives for the whole call: take the datum as it is, no copy.
+        let datum = unsafe { arg.unbox_arg_using_from_datum::<pg_sys::Datum>() };
+        Jsonb(datum.expect("jsonb argument must not be null"))
+    }
+}
+
+unsafe impl BoxRet for Jsonb {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        // SAFETY: the datum was copied into a memory context that outlives the call.
+        unsafe { fcinfo.return_raw_datum(self.0) }
+    }
+}
+
+unsafe impl SqlTranslatable for Jsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(Jsonb);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}

@@ -1,0 +1,41 @@
+//! `idempotency`: idempotency keys, leases and message de-duplication inside the caller's
+//! own PostgreSQL transaction. The SQL contract is in the README.
+
+use pgrx::prelude::*;
+
+mod canonical_json;
+mod claim;
+mod errors;
+mod fingerprint;
+mod jsonb;
+mod lifecycle;
+mod lookup;
+mod maintenance;
+mod seen;
+mod settings;
+mod spi;
+mod validate;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::register();
+}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,209 @@
+//! idem_complete, idem_checkpoint and idem_release: what the owner of a claim does with it.
+//! Each is one statement fenced on the token; when it touches no row, a read says why.
+
+use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys::{INT4OID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::prelude::*;
+
+use crate::claim::interval_arg;
+use crate::errors::{raise, IdemError};
+use crate::jsonb::Jsonb;
+use crate::spi::{self, col, Kind, Statement};
+use crate::{settings, validate};
+
+/// `head` + "the row of (scope $1, key $2) that token $3 owns, still in_progress" + `tail`.
+macro_rules! fenced {
+    ($head:literal, $tail:literal) => {
+        concat!(
+            $head,
+            "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress'",
+            $tail
+        )
+    };
+}
+
+// $1 scope, $2 key, $3 token, $4 response_status, $5 response_headers, $6 response_body, $7 now
+static COMPLETE: Statement = Statement {
+    sql: fenced!(
+        "UPDATE idempotency.keys \
+         SET status = 'completed', locked_until = NULL, response_status = $4, \
+             response_headers = $5, response_body = $6, completed_at = $7, updated_at = $7 \
+         WHERE ",
+        " AND expires_at OPERATOR(pg_catalog.>) $7"
+    ),
+    args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, JSONBOID, JSONBOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+// $1 scope, $2 key, $3 token, $4 recovery_point, $5 recovery_data, $6 locked_until, $7 now
+static CHECKPOINT: Statement = Statement {
+    sql: fenced!(
+        "UPDATE idempotency.keys \
+         SET recovery_point = $4, recovery_data = $5, locked_until = $6, updated_at = $7 \
+         WHERE ",
+        " AND expires_at OPERATOR(pg_catalog.>) $7"
+    ),
+    args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+// $1 scope, $2 key, $3 token, $4 now
+static RELEASE: Statement = Statement {
+    sql: fenced!(
+        "DELETE FROM idempotency.keys WHERE ",
+        " AND expires_at OPERATOR(pg_catalog.>) $4"
+    ),
+    args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+// Why a fenced statement touched nothing. Runs after a write, so with a fresh snapshot.
+static DIAGNOSE: Statement = Statement {
+    sql: "SELECT token, status, expires_at FROM idempotency.keys \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
+    args: &[TEXTOID, TEXTOID],
+    kind: Kind::Read,
+};
+
+
+#[pg_extern(volatile, parallel_unsafe)]
+fn idem_complete(
+    scope: Option<&str>,
+    key: Option<&str>,
+    token: Option<Uuid>,
+    response_status: Option<i32>,
+    response_body: default!(Option<Jsonb>, "NULL"),
+    response_headers: default!(Option<Jsonb>, "NULL"),
+) {
+    if let Err(e) = complete(scope, key, token, response_status, response_body, response_headers) {
+        raise(e)
+    }
+}
+
+#[pg_extern(volatile, parallel_unsafe)]
+fn idem_checkpoint(
+    scope: Option<&str>,
+    key: Option<&str>,
+    token: Option<Uuid>,
+    recovery_point: Option<&str>,
+    recovery_data: default!(Option<Jsonb>, "NULL"),
+    lease: default!(Option<Interval>, "NULL"),
+) -> TimestampWithTimeZone {
+    match checkpoint(scope, key, token, recovery_point, recovery_data, lease) {
+        Ok(locked_until) => locked_until,
+        Err(e) => raise(e),
+    }
+}
+
+#[pg_extern(volatile, parallel_unsafe)]
+fn idem_release(scope: Option<&str>, key: Option<&str>, token: Option<Uuid>) -> bool {
+    match release(scope, key, token) {
+        Ok(released) => released,
+        Err(e) => raise(e),
+    }
+}
+
+fn complete(
+    scope: Option<&str>,
+    key: Option<&str>,
+    token: Option<Uuid>,
+    response_status: Option<i32>,
+    response_body: Option<Jsonb>,
+    response_headers: Option<Jsonb>,
+) -> Result<(), IdemError> {
+    let scope = validate::key_text("scope", scope)?;
+    let key = validate::key_text("key", key)?;
+    let token = validate::required("token", token)?;
+    let status = validate::response_status(response_status)?;
+    if let Some(headers) = response_headers {
+        validate::headers_kind(headers.kind())?;
+    }
+    spi::require_primary("idem_complete")?;
+    let now = spi::now();
+    Spi::connect_mut(|client| {
+        spi::run(
+            client,
+            &COMPLETE,
+            &[
+                scope.into(), key.into(), token.into(), status.into(),
+                response_headers.into(), response_body.into(), now.into(),
+            ],
+        );
+        if spi::processed() == 1 {
+            return Ok(());
+        }
+        Err(why_not_owned(client, scope, key, token, now))
+    })
+}
+
+fn checkpoint(
+    scope: Option<&str>,
+    key: Option<&str>,
+    token: Option<Uuid>,
+    recovery_point: Option<&str>,
+    recovery_data: Option<Jsonb>,
+    lease: Option<Interval>,
+) -> Result<TimestampWithTimeZone, IdemError> {
+    let scope = validate::key_text("scope", scope)?;
+    let key = validate::key_text("key", key)?;
+    let token = validate::required("token", token)?;
+    let recovery_point = validate::required("recovery_point", recovery_point)?;
+    let lease = interval_arg("lease", lease, settings::default_lease)?;
+    spi::require_primary("idem_checkpoint")?;
+    let now = spi::now();
+    let locked_until = now + lease;
+    Spi::connect_mut(|client| {
+        spi::run(
+            client,
+            &CHECKPOINT,
+            &[
+                scope.into(), key.into(), token.into(), recovery_point.into(),
+                recovery_data.into(), locked_until.into(), now.into(),
+            ],
+        );
+        if spi::processed() == 1 {
+            return Ok(locked_until);
+        }
+        Err(why_not_owned(client, scope, key, token, now))
+    })
+}
+
+fn release(scope: Option<&str>, key: Option<&str>, token: Option<Uuid>) -> Result<bool, IdemError> {
+    let scope = validate::key_text("scope", scope)?;
+    let key = validate::key_text("key", key)?;
+    let token = validate::required("token", token)?;
+    spi::require_primary("idem_release")?;
+    let now = spi::now();
+    Spi::connect_mut(|client| {
+        spi::run(client, &RELEASE, &[scope.into(), key.into(), token.into(), now.into()]);
+        Ok(spi::processed() == 1)
+    })
+}
+
+fn why_not_owned(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    scope: &str,
+    key: &str,
+    token: Uuid,
+    now: TimestampWithTimeZone,
+) -> IdemError {
+    let (scope_s, key_s) = (scope.to_string(), key.to_string());
+    let found = spi::run(client, &DIAGNOSE, &[scope.into(), key.into()]);
+    if found.is_empty() {
+        return IdemError::NoLiveRecord { scope: scope_s, key: key_s };
+    }
+    let row = found.first();
+    let owner: Uuid = col(&row, 1).expect("token is NOT NULL");
+    let status: String = col(&row, 2).expect("status is NOT NULL");
+    let expires_at: TimestampWithTimeZone = col(&row, 3).expect("expires_at is NOT NULL");
+    if expires_at <= now {
+        IdemError::NoLiveRecord { scope: scope_s, key: key_s }
+    } else if owner != token {
+        IdemError::NotOwner { scope: scope_s, key: key_s }
+    } else if status == "completed" {
+        IdemError::AlreadyCompleted { scope: scope_s, key: key_s }
+    } else {
+        IdemError::NotOwner { scope: scope_s, key: key_s }
+    }
+}

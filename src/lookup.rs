@@ -1,0 +1,46 @@
+//! idem_lookup: the live record of (scope, key), read-only, so it also works on a standby.
+
+use pgrx::heap_tuple::PgHeapTuple;
+use pgrx::pg_sys::{TEXTOID, TIMESTAMPTZOID};
+use pgrx::prelude::*;
+use pgrx::AllocatedByRust;
+
+use crate::errors::{raise, IdemError};
+use crate::spi::{self, col, Kind, Statement};
+use crate::validate;
+
+static LOOKUP: Statement = Statement {
+    sql: "SELECT k FROM idempotency.keys AS k \
+          WHERE k.scope OPERATOR(pg_catalog.=) $1 AND k.key OPERATOR(pg_catalog.=) $2 \
+            AND k.expires_at OPERATOR(pg_catalog.>) $3",
+    args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID],
+    kind: Kind::Read,
+};
+
+#[pg_extern(stable, parallel_restricted)]
+fn idem_lookup(
+    scope: Option<&str>,
+    key: Option<&str>,
+) -> SetOfIterator<'static, pgrx::composite_type!('static, "idempotency.keys")> {
+    match lookup(scope, key) {
+        Ok(record) => SetOfIterator::new(record),
+        Err(e) => raise(e),
+    }
+}
+
+fn lookup(
+    scope: Option<&str>,
+    key: Option<&str>,
+) -> Result<Option<PgHeapTuple<'static, AllocatedByRust>>, IdemError> {
+    let scope = validate::key_text("scope", scope)?;
+    let key = validate::key_text("key", key)?;
+    let now = spi::now();
+    Ok(Spi::connect_mut(|client| {
+        let found = spi::run(client, &LOOKUP, &[scope.into(), key.into(), now.into()]);
+        if found.is_empty() {
+            None
+        } else {
+            col(&found.first(), 1)
+        }
+    }))
+}

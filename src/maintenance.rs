@@ -1,0 +1,174 @@
+//! idem_sweep and idem_reclaim_stale: housekeeping that never waits for a claim.
+//!
+//! Both pick their rows with FOR UPDATE SKIP LOCKED: a row that a claim is replacing or
+//! taking over right now is locked by it, so it is skipped rather than waited for or lost.
+
+use pgrx::datum::{Interval, Uuid};
+use pgrx::pg_sys::{INT4OID, INT8OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::prelude::*;
+
+use crate::claim::interval_arg;
+use crate::errors::{raise, IdemError};
+use crate::jsonb::Jsonb;
+use crate::spi::{self, col, Kind, Statement};
+use crate::{settings, validate};
+
+// $1 now, $2 max rows
+static SWEEP_KEYS: Statement = Statement {
+    sql: "DELETE FROM idempotency.keys AS k \
+          USING (SELECT scope, key FROM idempotency.keys \
+                 WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
+                 ORDER BY expires_at LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) AS doomed \
+          WHERE k.scope OPERATOR(pg_catalog.=) doomed.scope \
+            AND k.key OPERATOR(pg_catalog.=) doomed.key \
+            AND k.expires_at OPERATOR(pg_catalog.<=) $1",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+};
+
+static SWEEP_MESSAGES: Statement = Statement {
+    sql: "DELETE FROM idempotency.messages AS m \
+          USING (SELECT scope, message_id FROM idempotency.messages \
+                 WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
+                 ORDER BY expires_at LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) AS doomed \
+          WHERE m.scope OPERATOR(pg_catalog.=) doomed.scope \
+            AND m.message_id OPERATOR(pg_catalog.=) doomed.message_id \
+            AND m.expires_at OPERATOR(pg_catalog.<=) $1",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+};
+
+// $1 now, $2 max rows
+static STALE: Statement = Statement {
+    sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
+          WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
+            AND locked_until OPERATOR(pg_catalog.<=) $1 \
+            AND expires_at OPERATOR(pg_catalog.>) $1 \
+          ORDER BY locked_until LIMIT $2 \
+          FOR UPDATE SKIP LOCKED",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+};
+
+/// `head` + "(scope $1, key $2) is still the stale claim of token $3 at time $4" + RETURNING.
+macro_rules! still_stale {
+    ($head:literal) => {
+        concat!(
+            $head,
+            " WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+               AND token OPERATOR(pg_catalog.=) $3 \
+               AND status OPERATOR(pg_catalog.=) 'in_progress' \
+               AND locked_until OPERATOR(pg_catalog.<=) $4 \
+               AND expires_at OPERATOR(pg_catalog.>) $4 \
+             RETURNING recovery_point, recovery_data"
+        )
+    };
+}
+
+static RELEASE_STALE: Statement = Statement {
+    sql: still_stale!("DELETE FROM idempotency.keys"),
+    args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+// $5 new token, $6 attempts, $7 locked_until
+static TAKE_OVER_STALE: Statement = Statement {
+    sql: still_stale!(
+        "UPDATE idempotency.keys SET token = $5, attempts = $6, locked_until = $7, updated_at = $4"
+    ),
+    args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, UUIDOID, INT4OID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+#[pg_extern(volatile, parallel_unsafe)]
+fn idem_sweep(max_rows: default!(Option<i32>, 10000)) -> i64 {
+    match sweep(max_rows) {
+        Ok(deleted) => deleted,
+        Err(e) => raise(e),
+    }
+}
+
+/// scope, key, token, attempts, recovery_point, recovery_data
+type StaleRow = (String, String, Uuid, i32, Option<String>, Option<Jsonb>);
+
+#[pg_extern(volatile, parallel_unsafe)]
+fn idem_reclaim_stale(
+    max_rows: default!(Option<i32>, 1000),
+    release: default!(Option<bool>, true),
+    lease: default!(Option<Interval>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(scope, String),
+        name!(key, String),
+        name!(token, Uuid),
+        name!(attempts, i32),
+        name!(recovery_point, Option<String>),
+        name!(recovery_data, Option<Jsonb>),
+    ),
+> {
+    match reclaim_stale(max_rows, release, lease) {
+        Ok(rows) => TableIterator::new(rows),
+        Err(e) => raise(e),
+    }
+}
+
+fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
+    let budget = validate::max_rows(max_rows)?;
+    spi::require_primary("idem_sweep")?;
+    let now = spi::now();
+    Ok(Spi::connect_mut(|client| {
+        spi::run(client, &SWEEP_KEYS, &[now.into(), budget.into()]);
+        let keys = spi::processed() as i64;
+        if keys >= budget {
+            return keys;
+        }
+        spi::run(client, &SWEEP_MESSAGES, &[now.into(), (budget - keys).into()]);
+        keys + spi::processed() as i64
+    }))
+}
+
+fn reclaim_stale(
+    max_rows: Option<i32>,
+    release: Option<bool>,
+    lease: Option<Interval>,
+) -> Result<Vec<StaleRow>, IdemError> {
+    let budget = validate::max_rows(max_rows)?;
+    let release = validate::required("release", release)?;
+    let lease = interval_arg("lease", lease, settings::default_lease)?;
+    spi::require_primary("idem_reclaim_stale")?;
+    let now = spi::now();
+    let locked_until = now + lease;
+    Ok(Spi::connect_mut(|client| {
+        let stale: Vec<(String, String, Uuid, i32)> = spi::run(client, &STALE, &[now.into(), budget.into()])
+            .map(|row| {
+                (
+                    row.get(1).ok().flatten().expect("scope is NOT NULL"),
+                    row.get(2).ok().flatten().expect("key is NOT NULL"),
+                    row.get(3).ok().flatten().expect("token is NOT NULL"),
+                    row.get(4).ok().flatten().expect("attempts is NOT NULL"),
+                )
+            })
+            .collect();
+        let mut done = Vec::with_capacity(stale.len());
+        for (scope, key, token, attempts) in stale {
+            let fence = [scope.as_str().into(), key.as_str().into(), token.into(), now.into()];
+            let (token, attempts, changed) = if release {
+                (token, attempts, spi::run(client, &RELEASE_STALE, &fence))
+            } else {
+                let new_token = spi::new_token();
+                let [s, k, t, n] = fence;
+                let args = [s, k, t, n, new_token.into(), (attempts + 1).into(), locked_until.into()];
+                (new_token, attempts + 1, spi::run(client, &TAKE_OVER_STALE, &args))
+            };
+            // Nothing changed when a claim took the row over after we read it.
+            if !changed.is_empty() {
+                let row = changed.first();
+                done.push((scope, key, token, attempts, col(&row, 1), col(&row, 2)));
+            }
+        }
+        done
+    }))
+}

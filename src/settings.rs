@@ -1,0 +1,118 @@
+//! The `idempotency.*` settings, registered in one place.
+//!
+//! Both are intervals, so they are string settings whose check hook parses the text with
+//! PostgreSQL's own interval input (any spelling `interval` accepts: '24h', '1 day', 'PT5M')
+//! and refuses anything that is not a positive interval. The parsed value travels to the
+//! assign hook through the GUC "extra" pointer, so reading a setting costs nothing per call.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::ptr::{addr_of, addr_of_mut};
+
+use pgrx::datum::Interval;
+use pgrx::prelude::*;
+use pgrx::{direct_function_call, pg_sys, IntoDatum};
+
+use crate::validate;
+
+static mut DEFAULT_TTL_TEXT: *mut c_char = std::ptr::null_mut();
+static mut DEFAULT_TTL: pg_sys::Interval = pg_sys::Interval { time: 24 * 3_600_000_000, day: 0, month: 0 };
+static mut DEFAULT_LEASE_TEXT: *mut c_char = std::ptr::null_mut();
+static mut DEFAULT_LEASE: pg_sys::Interval = pg_sys::Interval { time: 5 * 60_000_000, day: 0, month: 0 };
+
+/// Called once per backend, from `_PG_init`.
+pub fn register() {
+    // SAFETY: called from _PG_init on the backend's main thread; the statics are the GUC's
+    // storage for as long as the library is loaded.
+    unsafe {
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.default_ttl".as_ptr(),
+            c"How long an idempotency record lives when idem_claim or idem_seen gets no ttl.".as_ptr(),
+            c"A positive interval; a record with expires_at <= now() is treated as absent.".as_ptr(),
+            addr_of_mut!(DEFAULT_TTL_TEXT),
+            c"24h".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_positive_interval),
+            Some(assign_default_ttl),
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.default_lease".as_ptr(),
+            c"How long an in_progress claim protects its owner when no lease is given.".as_ptr(),
+            c"A positive interval; after it a retry may take the claim over.".as_ptr(),
+            addr_of_mut!(DEFAULT_LEASE_TEXT),
+            c"5min".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_positive_interval),
+            Some(assign_default_lease),
+            None,
+        );
+        pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());
+    }
+}
+
+pub fn default_ttl() -> Interval {
+    // SAFETY: written only by the assign hook, on this same thread.
+    unsafe { to_interval(*addr_of!(DEFAULT_TTL)) }
+}
+
+pub fn default_lease() -> Interval {
+    // SAFETY: as above.
+    unsafe { to_interval(*addr_of!(DEFAULT_LEASE)) }
+}
+
+fn to_interval(raw: pg_sys::Interval) -> Interval {
+    Interval::new(raw.month, raw.day, raw.time).unwrap_or_else(|_| Interval::from_micros(raw.time))
+}
+
+fn parse_interval(text: &CStr) -> Option<Interval> {
+    PgTryBuilder::new(|| unsafe {
+        direct_function_call::<Interval>(
+            pg_sys::interval_in,
+            &[Some(pg_sys::Datum::from(text.as_ptr())), pg_sys::InvalidOid.into_datum(), (-1i32).into_datum()],
+        )
+    })
+    .catch_others(|_| None)
+    .execute()
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_positive_interval(
+    newval: *mut *mut c_char,
+    extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    if newval.is_null() || (*newval).is_null() {
+        return false;
+    }
+    let Some(parsed) = parse_interval(CStr::from_ptr(*newval)) else {
+        return false;
+    };
+    if validate::positive_interval("setting", parsed.months(), parsed.days(), parsed.micros()).is_err() {
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(c"The value must be a positive interval.".as_ptr());
+        return false;
+    }
+    // GUC frees "extra" with free(), so it must come from malloc.
+    let slot = libc::malloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
+    if slot.is_null() {
+        return false;
+    }
+    slot.write(parsed.into_inner());
+    *extra = slot.cast();
+    true
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_default_ttl(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        DEFAULT_TTL = *(extra as *const pg_sys::Interval);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_default_lease(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        DEFAULT_LEASE = *(extra as *const pg_sys::Interval);
+    }
+}

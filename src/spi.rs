@@ -1,0 +1,99 @@
+//! Statements prepared once per backend and kept, and the few values every path needs.
+//!
+//! A `Read` statement runs read-only while the transaction has no transaction id, so
+//! answering from a read writes nothing and assigns none. A `Write` statement always runs
+//! with a fresh snapshot, which is what lets a claim that waited on the unique index see
+//! the row that the other transaction committed.
+//!
+//! Every statement names its schema and qualifies its operators (`OPERATOR(pg_catalog.=)`),
+//! so nothing on the caller's search_path can change what it does.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys::{self, PgOid};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+
+use crate::errors::IdemError;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Read,
+    Write,
+}
+
+pub struct Statement {
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+    pub kind: Kind,
+}
+
+thread_local! {
+    static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+}
+
+/// Runs `stmt` with `args`; the plan is prepared on first use in this backend and kept.
+pub fn run<'conn>(
+    client: &mut SpiClient<'conn>,
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+) -> SpiTupleTable<'conn> {
+    let id = stmt as *const Statement as usize;
+    let missing = PLANS.with(|plans| !plans.borrow().contains_key(&id));
+    if missing {
+        let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
+        let prepared = match stmt.kind {
+            Kind::Read => client.prepare(stmt.sql, &types),
+            Kind::Write => client.prepare_mut(stmt.sql, &types),
+        }
+        .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
+        PLANS.with(|plans| plans.borrow_mut().insert(id, prepared.keep()));
+    }
+    PLANS.with(|plans| {
+        let plans = plans.borrow();
+        let plan = &plans[&id];
+        let result = match stmt.kind {
+            Kind::Read => client.select(plan, None, args),
+            Kind::Write => client.update(plan, None, args),
+        };
+        result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"))
+    })
+}
+
+/// Value of column `n` (1-based) of the current row, copied out of SPI's memory.
+pub fn col<T: pgrx::FromDatum + pgrx::IntoDatum>(table: &SpiTupleTable<'_>, n: usize) -> Option<T> {
+    table.get::<T>(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))
+}
+
+/// How many rows the last statement inserted, updated or deleted.
+pub fn processed() -> u64 {
+    // SAFETY: read right after the statement, on the backend's only thread.
+    unsafe { pg_sys::SPI_processed }
+}
+
+/// The transaction's start time, `now()` in SQL. Every expiry and lease compares with it.
+pub fn now() -> TimestampWithTimeZone {
+    pgrx::datum::now()
+}
+
+/// A fresh random (version 4) uuid: a claim's fencing token.
+pub fn new_token() -> Uuid {
+    let mut bytes = [0u8; 16];
+    // SAFETY: writes exactly 16 bytes into the buffer.
+    let ok = unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) };
+    assert!(ok, "could not generate random bytes for a token");
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    Uuid::from_bytes(bytes)
+}
+
+/// Write functions refuse to run on a hot standby, with their own clear error, before
+/// they read anything.
+pub fn require_primary(function: &'static str) -> Result<(), IdemError> {
+    // SAFETY: a plain read of shared recovery state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return Err(IdemError::ReadOnlyServer { function });
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Argument checks. Pure: every rule here is tested with a plain `cargo test`.
+
+use crate::errors::IdemError;
+
+/// Longest scope, key or message id, in characters. Two of them at four bytes a character
+/// still fit a btree index entry.
+pub const MAX_KEY_CHARS: usize = 255;
+
+pub fn required<T>(arg: &'static str, value: Option<T>) -> Result<T, IdemError> {
+    value.ok_or(IdemError::NullArgument { arg })
+}
+
+/// Scope, key and message id: 1 to 255 characters, no control characters.
+pub fn key_text<'a>(arg: &'static str, value: Option<&'a str>) -> Result<&'a str, IdemError> {
+    let value = required(arg, value)?;
+    if value.is_empty() {
+        return Err(IdemError::invalid(arg, "must not be empty"));
+    }
+    let mut chars = 0usize;
+    for c in value.chars() {
+        chars += 1;
+        if c.is_control() {
+            return Err(IdemError::invalid(
+                arg,
+                format!("must not contain control characters (found U+{:04X})", c as u32),
+            ));
+        }
+    }
+    if chars > MAX_KEY_CHARS {
+        return Err(IdemError::invalid(
+            arg,
+            format!("must be at most {MAX_KEY_CHARS} characters (got {chars})"),
+        ));
+    }
+    Ok(value)
+}
+
+/// An HTTP status code as stored with a response.
+pub fn response_status(value: Option<i32>) -> Result<i32, IdemError> {
+    let status = required("response_status", value)?;
+    if !(100..=599).contains(&status) {
+        return Err(IdemError::invalid(
+            "response_status",
+            format!("must be between 100 and 599 (got {status})"),
+        ));
+    }
+    Ok(status)
+}
+
+/// A row budget for the maintenance functions.
+pub fn max_rows(value: Option<i32>) -> Result<i64, IdemError> {
+    let rows = required("max_rows", value)?;
+    if rows <= 0 {
+        return Err(IdemError::invalid("max_rows", format!("must be positive (got {rows})")));
+    }
+    Ok(rows as i64)
+}
+
+/// A ttl or lease must be longer than zero. Compared as PostgreSQL compares intervals:
+/// a month counts 30 days and a day 24 hours.
+pub fn positive_interval(
+    arg: &'static str,
+    months: i32,
+    days: i32,
+    micros: i64,
+) -> Result<(), IdemError> {
+    const DAY: i128 = 86_400_000_000;
+    let total = months as i128 * 30 * DAY + days as i128 * DAY + micros as i128;
+    if total <= 0 {
+        return Err(IdemError::invalid(arg, "must be a positive interval"));
+    }
+    Ok(())
+}
+
+/// response_headers, when given, is a JSON object of header name to value. `kind` is
+/// jsonb_typeof's answer for the value.
+pub fn headers_kind(kind: &str) -> Result<(), IdemError> {
+    if kind != "object" {
+        return Err(IdemError::invalid(
+            "response_headers",
+            format!("must be a JSON object (got {kind})"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code<T: std::fmt::Debug>(r: Result<T, IdemError>) -> &'static str {
+        r.expect_err("expected an error").sqlstate()
+    }
+
+    #[test]
+    fn keys_accept_ordinary_text() {
+        assert_eq!(key_text("key", Some("order-42")), Ok("order-42"));
+        assert_eq!(key_text("key", Some("日本語 ✓ 'quoted' \\x00")), Ok("日本語 ✓ 'quoted' \\x00"));
+        let longest = "k".repeat(MAX_KEY_CHARS);
+        assert!(key_text("key", Some(&longest)).is_ok());
+        let longest_multibyte = "é".repeat(MAX_KEY_CHARS);
+        assert!(key_text("key", Some(&longest_multibyte)).is_ok());
+    }
+
+    #[test]
+    fn keys_reject_null_empty_long_and_control() {
+        assert_eq!(code(key_text("key", None)), "22004");
+        assert_eq!(code(key_text("key", Some(""))), "22023");
+        assert_eq!(code(key_text("key", Some(&"k".repeat(MAX_KEY_CHARS + 1)))), "22023");
+        assert_eq!(code(key_text("key", Some("a\nb"))), "22023");
+        assert_eq!(code(key_text("key", Some("tab\there"))), "22023");
+        assert_eq!(code(key_text("key", Some("del\u{7f}"))), "22023");
+        assert_eq!(code(key_text("key", Some("c1\u{85}"))), "22023");
+    }
+
+    #[test]
+    fn errors_name_the_argument() {
+        let e = key_text("scope", Some("")).unwrap_err();
+        assert!(e.message().contains("\"scope\""), "{}", e.message());
+        let e = key_text("message_id", Some(&"x".repeat(300))).unwrap_err();
+        assert!(e.message().contains("\"message_id\"") && e.message().contains("300"));
+    }
+
+    #[test]
+    fn response_status_is_an_http_status() {
+        assert_eq!(response_status(Some(100)), Ok(100));
+        assert_eq!(response_status(Some(599)), Ok(599));
+        assert_eq!(code(response_status(Some(99))), "22023");
+        assert_eq!(code(response_status(Some(600))), "22023");
+        assert_eq!(code(response_status(Some(-201))), "22023");
+        assert_eq!(code(response_status(None)), "22004");
+    }
+
+    #[test]
+    fn intervals_must_be_positive() {
+        assert!(positive_interval("ttl", 0, 0, 1).is_ok());
+        assert!(positive_interval("ttl", 1, -29, 0).is_ok());
+        assert_eq!(code(positive_interval("ttl", 0, 0, 0)), "22023");
+        assert_eq!(code(positive_interval("lease", 0, 0, -1)), "22023");
+        assert_eq!(code(positive_interval("ttl", 1, -30, 0)), "22023");
+        assert_eq!(code(positive_interval("ttl", 0, 1, -86_400_000_000)), "22023");
+        assert_eq!(code(positive_interval("ttl", i32::MIN, i32::MIN, i64::MIN)), "22023");
+        assert!(positive_interval("ttl", i32::MAX, i32::MAX, i64::MAX).is_ok());
+    }
+
+    #[test]
+    fn max_rows_must_be_positive() {
+        assert_eq!(max_rows(Some(1)), Ok(1));
+        assert_eq!(code(max_rows(Some(0))), "22023");
+        assert_eq!(code(max_rows(Some(-5))), "22023");
+        assert_eq!(code(max_rows(None)), "22004");
+    }
+
+    #[test]
+    fn headers_must_be_an_object() {
+        assert!(headers_kind("object").is_ok());
+        assert_eq!(code(headers_kind("array")), "22023");
+        assert_eq!(code(headers_kind("string")), "22023");
+    }
+}

@@ -22,7 +22,10 @@ impl fmt::Display for CanonError {
             CanonError::Syntax { position, what } => {
                 write!(f, "invalid json at byte {position}: {what}")
             }
-            CanonError::NumberOutOfRange(text) => write!(f, "number out of range: {text}"),
+            CanonError::NumberOutOfRange(text) if text.len() > 40 => {
+                write!(f, "number out of range for RFC 8785: {}...", &text[..40])
+            }
+            CanonError::NumberOutOfRange(text) => write!(f, "number out of range for RFC 8785: {text}"),
             CanonError::TooDeep => write!(f, "json nested deeper than {MAX_DEPTH} levels"),
         }
     }
@@ -842,7 +845,7 @@ mod tests {
         );
         assert_eq!(
             CanonError::NumberOutOfRange("1e400".into()).to_string(),
-            "number out of range: 1e400"
+            "number out of range for RFC 8785: 1e400"
         );
         assert_eq!(
             CanonError::TooDeep.to_string(),

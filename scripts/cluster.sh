@@ -5,6 +5,9 @@
 #   scripts/cluster.sh stop DIR
 # Clients connect with: psql -h DIR/socket -p PORT -U postgres
 set -euo pipefail
+# The server inherits our environment: with RUST_BACKTRACE set, errors that pass through
+# Rust would carry a backtrace in their DETAIL.
+unset RUST_BACKTRACE RUST_LIB_BACKTRACE
 
 PGBIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 [ -x "$PGBIN/initdb" ] || PGBIN=/usr/lib/postgresql/15/bin

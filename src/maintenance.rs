@@ -3,8 +3,9 @@
 //! Both pick their rows with FOR UPDATE SKIP LOCKED: a row that a claim is replacing or
 //! taking over right now is locked by it, so it is skipped rather than waited for or lost.
 
-use pgrx::datum::{Interval, Uuid};
-use pgrx::pg_sys::{INT4OID, INT8OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys::{INT4OID, INT8OID, TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::spi::SpiClient;
 use pgrx::prelude::*;
 
 use crate::claim::interval_arg;
@@ -13,30 +14,55 @@ use crate::jsonb::Jsonb;
 use crate::spi::{self, col, Kind, Statement};
 use crate::{settings, validate};
 
-// $1 now, $2 max rows
-static SWEEP_KEYS: Statement = Statement {
-    sql: "DELETE FROM idempotency.keys AS k \
-          USING (SELECT scope, key FROM idempotency.keys \
-                 WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                 ORDER BY expires_at LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED) AS doomed \
-          WHERE k.scope OPERATOR(pg_catalog.=) doomed.scope \
-            AND k.key OPERATOR(pg_catalog.=) doomed.key \
-            AND k.expires_at OPERATOR(pg_catalog.<=) $1",
+// Sweeping is two statements so that each batch costs its own size, not the backlog's:
+// pick at most $2 expired rows (locking them, skipping the ones a claim holds), then delete
+// exactly those by primary key. $1 is now().
+macro_rules! pick_expired {
+    ($table:literal, $id:literal) => {
+        concat!(
+            "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(", $id, ") \
+             FROM (SELECT scope, ", $id, " FROM ", $table, " \
+                   WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
+                   ORDER BY expires_at LIMIT $2 \
+                   FOR UPDATE SKIP LOCKED) AS picked"
+        )
+    };
+}
+
+// $1 scopes, $2 keys (or message ids), $3 now: the picked rows, still expired.
+macro_rules! delete_picked {
+    ($table:literal, $id:literal) => {
+        concat!(
+            "DELETE FROM ", $table, " AS t \
+             USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+             WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
+               AND t.", $id, " OPERATOR(pg_catalog.=) picked.id \
+               AND t.expires_at OPERATOR(pg_catalog.<=) $3"
+        )
+    };
+}
+
+static PICK_EXPIRED_KEYS: Statement = Statement {
+    sql: pick_expired!("idempotency.keys", "key"),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Write,
 };
 
-static SWEEP_MESSAGES: Statement = Statement {
-    sql: "DELETE FROM idempotency.messages AS m \
-          USING (SELECT scope, message_id FROM idempotency.messages \
-                 WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                 ORDER BY expires_at LIMIT $2 \
-                 FOR UPDATE SKIP LOCKED) AS doomed \
-          WHERE m.scope OPERATOR(pg_catalog.=) doomed.scope \
-            AND m.message_id OPERATOR(pg_catalog.=) doomed.message_id \
-            AND m.expires_at OPERATOR(pg_catalog.<=) $1",
+static DELETE_PICKED_KEYS: Statement = Statement {
+    sql: delete_picked!("idempotency.keys", "key"),
+    args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+static PICK_EXPIRED_MESSAGES: Statement = Statement {
+    sql: pick_expired!("idempotency.messages", "message_id"),
     args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+};
+
+static DELETE_PICKED_MESSAGES: Statement = Statement {
+    sql: delete_picked!("idempotency.messages", "message_id"),
+    args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Write,
 };
 
@@ -120,14 +146,28 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     spi::require_primary("idem_sweep")?;
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
-        spi::run(client, &SWEEP_KEYS, &[now.into(), budget.into()]);
-        let keys = spi::processed() as i64;
+        let keys = sweep_table(client, &PICK_EXPIRED_KEYS, &DELETE_PICKED_KEYS, now, budget);
         if keys >= budget {
             return keys;
         }
-        spi::run(client, &SWEEP_MESSAGES, &[now.into(), (budget - keys).into()]);
-        keys + spi::processed() as i64
+        keys + sweep_table(client, &PICK_EXPIRED_MESSAGES, &DELETE_PICKED_MESSAGES, now, budget - keys)
     }))
+}
+
+fn sweep_table(
+    client: &mut SpiClient<'_>,
+    pick: &'static Statement,
+    delete: &'static Statement,
+    now: TimestampWithTimeZone,
+    budget: i64,
+) -> i64 {
+    let picked = spi::run(client, pick, &[now.into(), budget.into()]).first();
+    // The arrays stay SPI's datums: they only go back into the next statement.
+    let (Some(scopes), Some(ids)) = (spi::raw_col(&picked, 1), spi::raw_col(&picked, 2)) else {
+        return 0; // nothing expired
+    };
+    spi::run(client, delete, &[scopes, ids, now.into()]);
+    spi::processed() as i64
 }
 
 fn reclaim_stale(

@@ -90,7 +90,7 @@ unsafe extern "C-unwind" fn check_positive_interval(
         return false;
     };
     if validate::positive_interval("setting", parsed.months(), parsed.days(), parsed.micros()).is_err() {
-        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(c"The value must be a positive interval.".as_ptr());
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(c"The value must be a positive interval of at most 10000 years.".as_ptr());
         return false;
     }
     // GUC frees "extra" with free(), so it must come from malloc.

@@ -66,6 +66,16 @@ pub fn col<T: pgrx::FromDatum + pgrx::IntoDatum>(table: &SpiTupleTable<'_>, n: u
     table.get::<T>(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))
 }
 
+/// Column `n` of the current row as the datum SPI holds, typed as the column is: for
+/// passing a value from one statement to the next inside the same SPI connection.
+pub fn raw_col<'conn>(table: &SpiTupleTable<'conn>, n: usize) -> Option<DatumWithOid<'conn>> {
+    let datum = table.get_datum_by_ordinal(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))?;
+    let oid = table.column_type_oid(n).unwrap_or_else(|e| panic!("typing column {n} failed: {e}"));
+    // SAFETY: the datum and its type come from the same column of SPI's current tuple table,
+    // which lives until SPI_finish.
+    Some(unsafe { DatumWithOid::new(datum, oid.value()) })
+}
+
 /// How many rows the last statement inserted, updated or deleted.
 pub fn processed() -> u64 {
     // SAFETY: read right after the statement, on the backend's only thread.

@@ -56,8 +56,11 @@ pub fn max_rows(value: Option<i32>) -> Result<i64, IdemError> {
     Ok(rows as i64)
 }
 
-/// A ttl or lease must be longer than zero. Compared as PostgreSQL compares intervals:
-/// a month counts 30 days and a day 24 hours.
+/// Longest ttl or lease. Far beyond any use, and it keeps now() + ttl inside the timestamp range.
+pub const MAX_INTERVAL_YEARS: i128 = 10_000;
+
+/// A ttl or lease must be longer than zero and at most MAX_INTERVAL_YEARS. Compared as
+/// PostgreSQL compares intervals: a month counts 30 days and a day 24 hours.
 pub fn positive_interval(
     arg: &'static str,
     months: i32,
@@ -68,6 +71,12 @@ pub fn positive_interval(
     let total = months as i128 * 30 * DAY + days as i128 * DAY + micros as i128;
     if total <= 0 {
         return Err(IdemError::invalid(arg, "must be a positive interval"));
+    }
+    if total > MAX_INTERVAL_YEARS * 12 * 30 * DAY {
+        return Err(IdemError::invalid(
+            arg,
+            format!("must be at most {MAX_INTERVAL_YEARS} years"),
+        ));
     }
     Ok(())
 }
@@ -140,7 +149,10 @@ mod tests {
         assert_eq!(code(positive_interval("ttl", 1, -30, 0)), "22023");
         assert_eq!(code(positive_interval("ttl", 0, 1, -86_400_000_000)), "22023");
         assert_eq!(code(positive_interval("ttl", i32::MIN, i32::MIN, i64::MIN)), "22023");
-        assert!(positive_interval("ttl", i32::MAX, i32::MAX, i64::MAX).is_ok());
+        assert!(positive_interval("ttl", 12 * 10_000, 0, 0).is_ok());
+        assert_eq!(code(positive_interval("ttl", 12 * 10_000, 1, 0)), "22023");
+        assert_eq!(code(positive_interval("lease", i32::MAX, i32::MAX, i64::MAX)), "22023");
+        assert_eq!(code(positive_interval("ttl", 0, 0, i64::MAX)), "22023");
     }
 
     #[test]

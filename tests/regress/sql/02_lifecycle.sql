@@ -62,6 +62,15 @@ SELECT :'locked_until'::timestamptz - now() BETWEEN interval '59 minutes' AND in
 SELECT recovery_point, recovery_data, locked_until = :'locked_until' AS renewed, status, attempts
   FROM idempotency.idem_lookup('life', 'k1');
 
+-- That is the heartbeat that keeps a long operation from being taken over: a claim made
+-- with a 10 ms lease and renewed at once for an hour is still in_progress 0.1 s later.
+BEGIN;
+SELECT token AS tok5 FROM idempotency.idem_claim('life', 'k5', lease => '10 ms') \gset
+SELECT idempotency.idem_checkpoint('life', 'k5', :'tok5', 'started', lease => '1 hour') = now() + interval '1 hour' AS renewed;
+COMMIT;
+SELECT pg_sleep(0.1);
+SELECT outcome, http_status, attempts FROM idempotency.idem_claim('life', 'k5');
+
 -- idem_complete stores the response and ends the lease.
 SELECT idempotency.idem_complete('life', 'k1', :'tok', 201, '{"ok": true}', '{"Content-Type": "application/json"}');
 SELECT status, locked_until, response_status, response_headers, response_body, recovery_point,

@@ -124,6 +124,11 @@ SELECT * FROM pg_temp.try($$ SELECT idempotency.idem_fingerprint('[-1e400]'::jso
 SELECT idempotency.idem_fingerprint('[1e-400]'::jsonb) = pg_temp.sha('[0]') AS tiny_is_zero,
        idempotency.idem_fingerprint('[1.7976931348623157e308]'::jsonb) = pg_temp.sha('[1.7976931348623157e+308]') AS largest_double;
 
+-- Nesting is limited to 1000 levels; deeper JSON is refused with 22023.
+SELECT idempotency.idem_fingerprint((repeat('[', 1000) || repeat(']', 1000))::jsonb)
+     = pg_temp.sha(repeat('[', 1000) || repeat(']', 1000)) AS depth_1000;
+SELECT * FROM pg_temp.try($$ SELECT idempotency.idem_fingerprint((repeat('[', 1001) || repeat(']', 1001))::jsonb) $$);
+
 -- A fingerprint is what idem_claim compares: the same request, spelled differently by a
 -- retry, is recognised; a different request with the same key is a mismatch.
 SELECT outcome FROM idempotency.idem_claim('fp', 'k1', idempotency.idem_fingerprint('{"to": "acct_9", "amount": 5.0}'::jsonb));

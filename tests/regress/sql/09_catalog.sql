@@ -1,0 +1,77 @@
+-- What CREATE EXTENSION installs: the schema, tables kept by pg_dump, indexes, and the
+-- plans of the statements the functions run (they use those indexes).
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
+
+-- Installed into schema idempotency, not relocatable.
+SELECT extname, extnamespace::regnamespace AS schema, extrelocatable FROM pg_extension WHERE extname = 'idempotency';
+-- Everything the extension owns.
+SELECT pg_describe_object(classid, objid, objsubid) AS object
+  FROM pg_depend
+ WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+ ORDER BY 1;
+
+-- Both tables are registered with pg_extension_config_dump, so pg_dump keeps their rows
+-- (all of them: no filter condition).
+SELECT extconfig::regclass[] AS config_tables, extcondition FROM pg_extension WHERE extname = 'idempotency';
+
+-- Indexes: the primary keys, expiry for idem_sweep, and a partial index of in_progress
+-- claims by end of lease for idem_reclaim_stale and idempotency.stats.
+SELECT indexrelid::regclass AS index, indisprimary AS primary_key, pg_get_indexdef(indexrelid) AS definition
+  FROM pg_index WHERE indrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass)
+ ORDER BY indexrelid::regclass::text;
+-- The constraints that keep a record consistent.
+SELECT conname, pg_get_constraintdef(oid) AS definition FROM pg_constraint
+ WHERE conrelid = 'idempotency.keys'::regclass ORDER BY conname;
+
+-- The plans. The functions prepare their statements once per session; below are the same
+-- statements, prepared as generic plans ($1, $2 ... stay parameters). On tables this small
+-- the planner would rather read the whole table, so sequential scans are switched off to
+-- show which index each statement can use.
+SET plan_cache_mode = force_generic_plan;
+SET enable_seqscan = off;
+
+-- idem_claim's read (and idem_complete's diagnosis) finds (scope, key) through the primary key.
+PREPARE claim_read(text, text) AS
+SELECT fingerprint, status, token, attempts, locked_until, expires_at, response_status, response_headers, response_body
+  FROM idempotency.keys WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2;
+EXPLAIN (COSTS OFF) EXECUTE claim_read('acct_42', 'order-1');
+
+-- idem_lookup: the primary key, and the expiry test on the row found.
+PREPARE lookup(text, text, timestamptz) AS
+SELECT k FROM idempotency.keys AS k
+ WHERE k.scope OPERATOR(pg_catalog.=) $1 AND k.key OPERATOR(pg_catalog.=) $2 AND k.expires_at OPERATOR(pg_catalog.>) $3;
+EXPLAIN (COSTS OFF) EXECUTE lookup('acct_42', 'order-1', now());
+
+-- idem_sweep picks expired keys, oldest first, through keys_expires_at_idx, skipping rows
+-- that other transactions hold locked (it then deletes the rows it picked).
+PREPARE sweep_keys(timestamptz, bigint) AS
+SELECT scope, key FROM idempotency.keys WHERE expires_at OPERATOR(pg_catalog.<=) $1
+ ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE sweep_keys(now(), 10000);
+
+-- ... and expired message ids through messages_expires_at_idx.
+PREPARE sweep_messages(timestamptz, bigint) AS
+SELECT scope, message_id FROM idempotency.messages WHERE expires_at OPERATOR(pg_catalog.<=) $1
+ ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE sweep_messages(now(), 10000);
+
+-- idem_reclaim_stale: in_progress claims whose lease ended, oldest lease first, through
+-- the partial index keys_in_progress_idx.
+PREPARE stale(timestamptz, bigint) AS
+SELECT scope, key, token, attempts FROM idempotency.keys
+ WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until OPERATOR(pg_catalog.<=) $1
+   AND expires_at OPERATOR(pg_catalog.>) $1
+ ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE stale(now(), 1000);
+
+-- idem_seen's read: the messages primary key.
+PREPARE seen_read(text, text) AS
+SELECT expires_at FROM idempotency.messages
+ WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2;
+EXPLAIN (COSTS OFF) EXECUTE seen_read('consumer', 'msg-1');
+
+RESET enable_seqscan;
+RESET plan_cache_mode;

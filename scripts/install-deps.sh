@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing the extension needs on Debian 12, as root, and skips
 # whatever is already there: PostgreSQL 15 with its server headers, pg_cron and pgTAP,
-# clang for pgrx's bindings, sudo for `cargo pgrx test --runas`, and cargo-pgrx 0.18.0.
+# clang for pgrx's bindings, sudo for `cargo pgrx test --runas`, psycopg 3 for the client
+# tests (Debian's, used with /usr/bin/python3), and cargo-pgrx 0.18.0.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron postgresql-15-pgtap
-    clang libclang-dev sudo pkg-config libssl-dev make
+    clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg
 )
 
 missing=()

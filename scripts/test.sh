@@ -3,6 +3,7 @@
 #   1. Rust unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test)
 #   2. the extension built and installed, a throwaway cluster started
 #   3. the pg_regress suite and the isolationtester specs against it (make -C tests installcheck)
+#   4. pg_cron scheduling the sweep on a cluster of its own (tests/pg_cron/run.sh)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,22 +21,27 @@ scripts/install-deps.sh || { echo "install-deps failed"; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 mkdir -p "$LOGS"
 
-# Adds a suite's counts from its log: cargo's "test result:" lines, pg_regress's summary.
+# Adds a suite's counts from its log. Three summary forms are understood:
+#   cargo:       "test result: ok. 42 passed; 0 failed; ..."
+#   pg_regress:  "All 9 tests passed."  or  "2 of 9 tests failed."
+#   our own:     "stress: 5 passed, 0 failed"
 count() {
-    local name=$1 log=$2 status=$3 p f
-    p=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
-    f=$(grep -oE '; [0-9]+ failed' "$log" | awk '{s+=$2} END {print s+0}')
-    if grep -qE 'All [0-9]+ tests passed|[0-9]+ of [0-9]+ tests failed' "$log"; then
-        local all ok_n fail_n
-        all=$(grep -oE 'All [0-9]+ tests passed' "$log" | awk '{s+=$2} END {print s+0}')
-        fail_n=$(grep -oE '[0-9]+ of [0-9]+ tests failed' "$log" | awk '{f+=$1; t+=$3} END {print f+0, t+0}')
-        ok_n=$(( all + ${fail_n#* } - ${fail_n% *} ))
-        p=$(( p + ok_n ))
-        f=$(( f + ${fail_n% *} ))
-    fi
+    local name=$1 log=$2 status=$3 p=0 f=0 line
+    while read -r line; do
+        if [[ $line =~ test\ result:\ [a-zA-Z]+\.\ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+            p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
+        elif [[ $line =~ All\ ([0-9]+)\ tests\ passed ]]; then
+            p=$((p + BASH_REMATCH[1]))
+        elif [[ $line =~ ([0-9]+)\ of\ ([0-9]+)\ tests\ failed ]]; then
+            p=$((p + BASH_REMATCH[2] - BASH_REMATCH[1])); f=$((f + BASH_REMATCH[1]))
+        elif [[ $line =~ ^[a-z_-]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+            p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
+        fi
+    done < "$log"
+    # A suite that failed without saying how many counts as one failure.
     if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$(( passed + p ))
-    failed=$(( failed + f ))
+    passed=$((passed + p))
+    failed=$((failed + f))
     [ "$status" -ne 0 ] && broken+=("$name (log: $log)")
     echo "== $name: $p passed, $f failed"
 }
@@ -67,16 +73,21 @@ scripts/cluster.sh start "$TEST_DIR" "$TEST_PORT"
 trap 'scripts/cluster.sh stop "$TEST_DIR"' EXIT
 export PGHOST=$TEST_DIR/socket PGPORT=$TEST_PORT PGUSER=postgres
 
-regress() {
-    rm -rf tests/results
-    make -C tests installcheck PG_CONFIG="$PG_CONFIG"
-    local status=$?
-    if [ $status -ne 0 ]; then
-        find tests/results -name '*.diffs' -exec cat {} + | head -200
+installcheck() { # installcheck regress|isolation
+    local status
+    if [ "$1" = regress ]; then
+        make -C tests installcheck PG_CONFIG="$PG_CONFIG" ISOLATION=
+    else
+        make -C tests installcheck PG_CONFIG="$PG_CONFIG" REGRESS=
     fi
+    status=$?
+    [ $status -ne 0 ] && find "tests/results/$1" -name '*.diffs' -exec cat {} + | head -200
     return $status
 }
-run regress-and-isolation regress
+rm -rf tests/results
+run regress installcheck regress
+run isolation installcheck isolation
+run pg_cron tests/pg_cron/run.sh
 
 echo
 if [ ${#broken[@]} -gt 0 ]; then

@@ -1,18 +1,74 @@
 -- Runs last in the install script, after the functions.
 
+-- One scalar subquery a column, each answered from an index where one fits, so that an
+-- alert reading only `stale`, `expired` or `oldest_in_progress_age` stays cheap on a big
+-- table (unused columns of a view are not computed). `completed` has to count every live
+-- record.
 CREATE VIEW idempotency.stats AS
 SELECT
-    count(*) FILTER (WHERE status = 'in_progress' AND expires_at > now())   AS in_progress,
-    count(*) FILTER (WHERE status = 'completed' AND expires_at > now())     AS completed,
-    count(*) FILTER (WHERE status = 'in_progress' AND locked_until <= now()
-                       AND expires_at > now())                              AS stale,
-    count(*) FILTER (WHERE expires_at <= now())                             AS expired,
-    now() - min(created_at) FILTER (WHERE status = 'in_progress'
-                                      AND expires_at > now())               AS oldest_in_progress_age,
-    (SELECT count(*) FROM idempotency.messages WHERE expires_at > now())    AS messages,
-    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())   AS expired_messages
-FROM idempotency.keys;
+    (SELECT count(*) FROM idempotency.keys
+      WHERE status = 'in_progress' AND expires_at > now())                    AS in_progress,
+    (SELECT count(*) FROM idempotency.keys
+      WHERE status = 'completed' AND expires_at > now())                      AS completed,
+    (SELECT count(*) FROM idempotency.keys
+      WHERE status = 'in_progress' AND locked_until <= now()
+        AND expires_at > now())                                                AS stale,
+    (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now())          AS expired,
+    (SELECT now() - min(created_at) FROM idempotency.keys
+      WHERE status = 'in_progress' AND expires_at > now())                    AS oldest_in_progress_age,
+    (SELECT count(*) FROM idempotency.messages WHERE expires_at > now())       AS messages,
+    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
     'awaiting idem_sweep, and the age of the oldest in_progress claim.';
+
+-- Sweeps a backlog of any size in batches of batch_size, committing after each, until a
+-- batch finds fewer rows than it could take. CALL it outside a transaction block (pg_cron
+-- does). No SET search_path here: a procedure that commits cannot have one, so every name
+-- and operator is qualified instead.
+CREATE PROCEDURE idempotency.idem_sweep_all(batch_size int DEFAULT 10000)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    deleted bigint;
+    total bigint := 0;
+BEGIN
+    LOOP
+        deleted := idempotency.idem_sweep(batch_size);
+        total := total OPERATOR(pg_catalog.+) deleted;
+        COMMIT;
+        EXIT WHEN deleted OPERATOR(pg_catalog.<) batch_size;
+    END LOOP;
+    RAISE NOTICE 'idem_sweep_all: deleted % expired rows', total;
+END
+$$;
+
+-- Schedules the sweep and the release of stale claims with pg_cron, in this database.
+-- Returns the two jobs; calling it again updates them (pg_cron jobs are named).
+CREATE FUNCTION idempotency.schedule_maintenance(
+    sweep_schedule text DEFAULT '*/5 * * * *',
+    reclaim_schedule text DEFAULT '* * * * *'
+) RETURNS TABLE (jobname text, jobid bigint, schedule text, command text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF to_regnamespace('cron') IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not installed in database %', current_database()
+            USING ERRCODE = '55000',
+                  HINT = 'Set shared_preload_libraries = ''pg_cron'' and cron.database_name = '''
+                         || current_database() || ''', restart the server, then CREATE EXTENSION pg_cron.';
+    END IF;
+    jobname := 'idempotency-sweep';
+    schedule := sweep_schedule;
+    command := 'CALL idempotency.idem_sweep_all()';
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO jobid USING jobname, schedule, command;
+    RETURN NEXT;
+    jobname := 'idempotency-reclaim-stale';
+    schedule := reclaim_schedule;
+    command := 'SELECT count(*) FROM idempotency.idem_reclaim_stale()';
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO jobid USING jobname, schedule, command;
+    RETURN NEXT;
+END
+$$;

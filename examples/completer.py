@@ -19,7 +19,6 @@ checks it; the last line is "completer: N passed, M failed".
 """
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -275,12 +274,15 @@ def self_test(conninfo):
 
 def main():
     p = argparse.ArgumentParser(description="Committed-first worker and completer, with a self-test.")
-    p.add_argument("--self-test", action="store_true", required=True,
+    p.add_argument("--self-test", action="store_true",
                    help="run the worked example against the database and check it")
     p.add_argument("--host", default=os.environ.get("PGHOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("PGPORT", "5432")))
     p.add_argument("--dbname", default=os.environ.get("PGDATABASE", "postgres"))
     args = p.parse_args()
+    if not args.self_test:
+        p.print_help()
+        sys.exit(2)
     conninfo = dict(host=args.host, port=args.port, dbname=args.dbname,
                     user=os.environ.get("PGUSER", "postgres"), application_name="completer-example")
     try:

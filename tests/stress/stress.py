@@ -684,9 +684,15 @@ def main():
     run.setup()
     print(f"stress: {args.sessions} sessions, {args.seconds:g} s, working set {args.keys} keys, "
           f"scopes {run.scope_list}", flush=True)
-    run.run_clients()
-    run.recover()
-    failed = run.report(run.check())
+    try:
+        run.run_clients()
+        run.recover()
+        failed = run.report(run.check())
+    except Exception as e:
+        # e.g. the server did not come back after the crash
+        print(f"stress: aborted: {type(e).__name__}: {e}")
+        print("stress: 0 passed, 5 failed")
+        failed = 5
     sys.exit(1 if failed else 0)
 
 

@@ -11,6 +11,8 @@ pub enum IdemError {
     NullArgument { arg: &'static str },
     /// 22023: a value that is not acceptable for the argument.
     InvalidArgument { arg: &'static str, problem: String },
+    /// 54000: a stored response or checkpoint larger than idempotency.max_response_size.
+    TooLarge { arg: &'static str, size: usize, limit: usize },
     /// IK001: idem_complete / idem_checkpoint found no live record for (scope, key).
     NoLiveRecord { scope: String, key: String },
     /// IK002: the record exists but another token owns it now (taken over, or released and claimed again).
@@ -32,6 +34,7 @@ impl IdemError {
         match self {
             IdemError::NullArgument { .. } => "22004",
             IdemError::InvalidArgument { .. } => "22023",
+            IdemError::TooLarge { .. } => "54000",
             IdemError::NoLiveRecord { .. } => "IK001",
             IdemError::NotOwner { .. } => "IK002",
             IdemError::AlreadyCompleted { .. } => "IK003",
@@ -45,6 +48,9 @@ impl IdemError {
             IdemError::NullArgument { arg } => format!("argument \"{arg}\" must not be null"),
             IdemError::InvalidArgument { arg, problem } => {
                 format!("invalid argument \"{arg}\": {problem}")
+            }
+            IdemError::TooLarge { arg, size, limit } => {
+                format!("argument \"{arg}\" is too large to store: {size} bytes, the limit is {limit} bytes")
             }
             IdemError::NoLiveRecord { scope, key } => {
                 format!("no live idempotency record for scope {scope:?}, key {key:?}")
@@ -86,6 +92,10 @@ impl IdemError {
             IdemError::AlreadyCompleted { .. } => {
                 Some("Call idem_complete once per claim; retries get the stored response from idem_claim.".into())
             }
+            IdemError::TooLarge { .. } => Some(
+                "Raise idempotency.max_response_size, or store a reference to the data instead of the data."
+                    .into(),
+            ),
             IdemError::ReadOnlyServer { .. } => {
                 Some("Claims must run on the primary; idem_lookup works on a standby.".into())
             }

@@ -34,6 +34,12 @@ impl Jsonb {
         }
     }
 
+    /// The value's size in bytes as stored uncompressed, read from its header (no detoasting).
+    pub fn raw_size(&self) -> usize {
+        // SAFETY: the datum is a valid jsonb varlena.
+        unsafe { pg_sys::toast_raw_datum_size(self.0) }
+    }
+
     /// PostgreSQL's text form of the value (jsonb_out).
     pub fn to_text(&self) -> String {
         // SAFETY: jsonb_out takes a jsonb datum and returns a palloc'd C string.

@@ -119,6 +119,8 @@ fn complete(
     if let Some(headers) = response_headers {
         validate::headers_kind(headers.kind())?;
     }
+    let size = response_body.map_or(0, |b| b.raw_size()) + response_headers.map_or(0, |h| h.raw_size());
+    validate::stored_size("response_body", size, settings::max_response_bytes())?;
     spi::require_primary("idem_complete")?;
     let now = spi::now();
     Spi::connect_mut(|client| {
@@ -149,6 +151,8 @@ fn checkpoint(
     let key = validate::key_text("key", key)?;
     let token = validate::required("token", token)?;
     let recovery_point = validate::required("recovery_point", recovery_point)?;
+    let size = recovery_data.map_or(0, |d| d.raw_size()) + recovery_point.len();
+    validate::stored_size("recovery_data", size, settings::max_response_bytes())?;
     let lease = interval_arg("lease", lease, settings::default_lease)?;
     spi::require_primary("idem_checkpoint")?;
     let now = spi::now();

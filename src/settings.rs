@@ -10,6 +10,7 @@ use std::ptr::{addr_of, addr_of_mut};
 
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{direct_function_call, pg_sys, IntoDatum};
 
 use crate::validate;
@@ -19,8 +20,20 @@ static mut DEFAULT_TTL: pg_sys::Interval = pg_sys::Interval { time: 24 * 3_600_0
 static mut DEFAULT_LEASE_TEXT: *mut c_char = std::ptr::null_mut();
 static mut DEFAULT_LEASE: pg_sys::Interval = pg_sys::Interval { time: 5 * 60_000_000, day: 0, month: 0 };
 
+static MAX_RESPONSE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
 /// Called once per backend, from `_PG_init`.
 pub fn register() {
+    GucRegistry::define_int_guc(
+        c"idempotency.max_response_size",
+        c"Largest response (body plus headers) or checkpoint data that may be stored.",
+        c"idem_complete and idem_checkpoint refuse anything larger with SQLSTATE 54000.",
+        &MAX_RESPONSE_SIZE_KB,
+        1,
+        1024 * 1024,
+        GucContext::Userset,
+        GucFlags::UNIT_KB,
+    );
     // SAFETY: called from _PG_init on the backend's main thread; the statics are the GUC's
     // storage for as long as the library is loaded.
     unsafe {
@@ -50,6 +63,11 @@ pub fn register() {
         );
         pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());
     }
+}
+
+/// idempotency.max_response_size in bytes.
+pub fn max_response_bytes() -> usize {
+    MAX_RESPONSE_SIZE_KB.get() as usize * 1024
 }
 
 pub fn default_ttl() -> Interval {

@@ -81,6 +81,14 @@ pub fn positive_interval(
     Ok(())
 }
 
+/// A value to store must not be larger than `limit` bytes.
+pub fn stored_size(arg: &'static str, size: usize, limit: usize) -> Result<(), IdemError> {
+    if size > limit {
+        return Err(IdemError::TooLarge { arg, size, limit });
+    }
+    Ok(())
+}
+
 /// response_headers, when given, is a JSON object of header name to value. `kind` is
 /// jsonb_typeof's answer for the value.
 pub fn headers_kind(kind: &str) -> Result<(), IdemError> {
@@ -161,6 +169,14 @@ mod tests {
         assert_eq!(code(max_rows(Some(0))), "22023");
         assert_eq!(code(max_rows(Some(-5))), "22023");
         assert_eq!(code(max_rows(None)), "22004");
+    }
+
+    #[test]
+    fn stored_values_have_a_size_limit() {
+        assert!(stored_size("response_body", 1024, 1024).is_ok());
+        let e = stored_size("response_body", 1025, 1024).unwrap_err();
+        assert_eq!(e.sqlstate(), "54000");
+        assert!(e.message().contains("\"response_body\"") && e.message().contains("1025"));
     }
 
     #[test]

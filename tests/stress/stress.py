@@ -633,6 +633,8 @@ class Run:
         print(f"reconnects:                       {c['reconnects']}")
         print(f"takeovers (idem_claim reclaimed): {c['takeovers']}")
         print(f"reclaimed by idem_reclaim_stale:  {c['reclaimed by idem_reclaim_stale']}")
+        if c["foreign rows reclaimed"]:
+            print(f"other scopes' stale claims taken: {c['foreign rows reclaimed']} (left in_progress)")
         print(f"abandoned claims recovered:       {self.recovered_takeovers} of {len(self.abandoned)} abandoned")
         print(f"duplicates found:                 {self.duplicates}")
         passed = failed = 0

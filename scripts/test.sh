@@ -4,6 +4,9 @@
 #   2. the extension built and installed, a throwaway cluster started
 #   3. the pg_regress suite and the isolationtester specs against it (make -C tests installcheck)
 #   4. pg_cron scheduling the sweep on a cluster of its own (tests/pg_cron/run.sh)
+#   5. the dead-worker completer example's self-test (examples/completer.py --self-test)
+#   6. a 20 s stress run of 32 sessions with killed backends and one server crash
+#      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +91,26 @@ rm -rf tests/results
 run regress installcheck regress
 run isolation installcheck isolation
 run pg_cron tests/pg_cron/run.sh
+
+completer() {
+    psql -X -q -c "DROP DATABASE IF EXISTS completer_test" -c "CREATE DATABASE completer_test" postgres &&
+        /usr/bin/python3 examples/completer.py --self-test --host "$PGHOST" --port "$PGPORT" --dbname completer_test
+}
+run completer completer
+
+# The stress run crashes its server once, so it gets a cluster of its own.
+stress() {
+    local dir=/tmp/idempotency-stress port=54332 status
+    scripts/cluster.sh stop "$dir"
+    rm -rf "$dir"
+    scripts/cluster.sh start "$dir" "$port" || return 1
+    /usr/bin/python3 tests/stress/stress.py --host "$dir/socket" --port "$port" --datadir "$dir/data" \
+        --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300
+    status=$?
+    scripts/cluster.sh stop "$dir"
+    return $status
+}
+run stress stress
 
 echo
 if [ ${#broken[@]} -gt 0 ]; then

@@ -30,7 +30,9 @@ pub struct Statement {
 }
 
 thread_local! {
-    static PLANS: RefCell<HashMap<usize, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    // Plans live as long as the backend, so they are leaked on purpose: a plain reference
+    // can then be used without holding a borrow while the statement runs.
+    static PLANS: RefCell<HashMap<usize, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
 }
 
 /// Runs `stmt` with `args`; the plan is prepared on first use in this backend and kept.
@@ -40,25 +42,25 @@ pub fn run<'conn>(
     args: &[DatumWithOid<'_>],
 ) -> SpiTupleTable<'conn> {
     let id = stmt as *const Statement as usize;
-    let missing = PLANS.with(|plans| !plans.borrow().contains_key(&id));
-    if missing {
-        let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
-        let prepared = match stmt.kind {
-            Kind::Read => client.prepare(stmt.sql, &types),
-            Kind::Write => client.prepare_mut(stmt.sql, &types),
+    let plan = match PLANS.with(|plans| plans.borrow().get(&id).copied()) {
+        Some(plan) => plan,
+        None => {
+            let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
+            let prepared = match stmt.kind {
+                Kind::Read => client.prepare(stmt.sql, &types),
+                Kind::Write => client.prepare_mut(stmt.sql, &types),
+            }
+            .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
+            let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
+            PLANS.with(|plans| plans.borrow_mut().insert(id, plan));
+            plan
         }
-        .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
-        PLANS.with(|plans| plans.borrow_mut().insert(id, prepared.keep()));
-    }
-    PLANS.with(|plans| {
-        let plans = plans.borrow();
-        let plan = &plans[&id];
-        let result = match stmt.kind {
-            Kind::Read => client.select(plan, None, args),
-            Kind::Write => client.update(plan, None, args),
-        };
-        result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"))
-    })
+    };
+    let result = match stmt.kind {
+        Kind::Read => client.select(plan, None, args),
+        Kind::Write => client.update(plan, None, args),
+    };
+    result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"))
 }
 
 /// Value of column `n` (1-based) of the current row, copied out of SPI's memory.

@@ -1,0 +1,711 @@
+#!/usr/bin/python3
+"""End-to-end tests of examples/charges-api over real HTTP, with real faults.
+
+    /usr/bin/python3 tests/e2e/run.py --service-bin examples/charges-api/target/release/charges-api
+
+It builds nothing. It starts a throwaway PostgreSQL cluster (scripts/cluster.sh) with the
+extension, the gateway stub (`charges-api gateway-stub`) and the service, then checks:
+
+- a response lost on the way back (a TCP proxy drops it after the service answered: the
+  504 case): the retry with the same key gets the same body, replayed, and one charge exists;
+- 20 concurrent identical requests: one charge, one 201 that is not a replay, the rest 409
+  or the replayed 201 (both endpoints);
+- a key reused with another amount: 422 and no new charge;
+- missing or malformed Idempotency-Key: 400 problem+json; missing tenant: 401;
+- the service SIGKILLed while the gateway is working on its charge, restarted, and the key
+  retried after the lease ended: the charge completes once and the gateway charged once;
+- a worker that stalls past its lease after the gateway charged: a retry takes over and
+  finishes without calling the gateway again; the stalled worker's late completion is fenced.
+
+Each check prints a line; the last line is "e2e: N passed, M failed"; the exit code is 1 if
+anything failed. Every process it starts is stopped at the end, also on a timeout.
+Ports: PG_PORT..PG_PORT+3 (default 55446-55449: PostgreSQL, gateway stub, service, proxy).
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+
+import psycopg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+LEASE_MS = 1000
+
+passed = 0
+failed = 0
+_print_lock = threading.Lock()
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    with _print_lock:
+        if ok:
+            passed += 1
+            print(f"ok   {name}", flush=True)
+        else:
+            failed += 1
+            print(f"FAIL {name}" + (f": {detail}" if detail else ""), flush=True)
+    return ok
+
+
+# ---------------------------------------------------------------------------------------
+# Processes
+
+
+class Harness:
+    def __init__(self, args):
+        self.args = args
+        self.pg_port = args.port
+        self.gw_port = args.port + 1
+        self.svc_port = args.port + 2
+        self.proxy_port = args.port + 3
+        self.dir = f"/tmp/idem-e2e-{os.getpid()}"
+        self.procs = {}
+        self.cluster_started = False
+        self.db = None
+        self.proxy = None
+        self._cleaned = threading.Lock()
+        self.dsn = f"host=127.0.0.1 port={self.pg_port} user=postgres dbname=postgres"
+        self.db_url = f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
+
+    def log_path(self, name):
+        return os.path.join(self.dir, f"{name}.log")
+
+    def start_cluster(self):
+        for port in (self.pg_port, self.gw_port, self.svc_port, self.proxy_port):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(f"port {port} is already in use (use --port)")
+        self.cluster_started = True
+        subprocess.run([CLUSTER, "start", self.dir, str(self.pg_port)], check=True, timeout=120)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+        self.db = psycopg.connect(self.dsn, autocommit=True)
+
+    def spawn(self, name, argv, ready_port):
+        log = open(self.log_path(name), "ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.log_path(name)}:\n"
+                                   + self.tail(name))
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", ready_port, timeout=2)
+                conn.request("GET", "/healthz" if name == "service" else "/_stats")
+                conn.getresponse().read()
+                conn.close()
+                return proc
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{name} did not come up on port {ready_port}")
+
+    def start_stub(self):
+        self.spawn("gateway", [self.args.service_bin, "gateway-stub", "--listen", f"127.0.0.1:{self.gw_port}"],
+                   self.gw_port)
+
+    def start_service(self):
+        self.spawn("service", [
+            self.args.service_bin,
+            "--database-url", self.db_url,
+            "--listen", f"127.0.0.1:{self.svc_port}",
+            "--gateway-url", f"http://127.0.0.1:{self.gw_port}",
+            "--lease-ms", str(LEASE_MS),
+            "--pool-size", "24",
+            "--allow-fault-injection",
+        ], self.svc_port)
+
+    def kill(self, name, sig=signal.SIGKILL):
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def tail(self, name, lines=30):
+        try:
+            with open(self.log_path(name), errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cleanup(self, keep_logs=False):
+        if not self._cleaned.acquire(blocking=False):
+            return
+        if self.proxy is not None:
+            self.proxy.close()
+        for name in list(self.procs):
+            self.kill(name)
+        if self.db is not None:
+            try:
+                self.db.close()
+            except Exception:
+                pass
+        if self.cluster_started:
+            subprocess.run([CLUSTER, "stop", self.dir], timeout=60)
+        if keep_logs:
+            print(f"(logs kept in {self.dir})", flush=True)
+        elif os.path.isdir(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- database and stub observations ---
+
+    def sql(self, query, *params):
+        return self.db.execute(query, params).fetchall()
+
+    def charges(self, tenant):
+        return self.sql("SELECT count(*) FROM charges WHERE tenant = %s", tenant)[0][0]
+
+    def record(self, scope, key):
+        rows = self.sql("SELECT status, recovery_point, recovery_data, attempts, locked_until <= now() "
+                        "FROM idempotency.idem_lookup(%s, %s)", scope, key)
+        return rows[0] if rows else None
+
+    def stub_stats(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.gw_port, timeout=10)
+        conn.request("GET", "/_stats")
+        stats = json.loads(conn.getresponse().read())
+        conn.close()
+        return stats
+
+    def stub_delay(self, ms):
+        conn = http.client.HTTPConnection("127.0.0.1", self.gw_port, timeout=10)
+        conn.request("POST", "/_config", body=json.dumps({"delay_ms": ms}))
+        conn.getresponse().read()
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP
+
+
+class Resp:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = {k.lower(): v for k, v in headers}
+        self.body = body
+
+    @property
+    def replayed(self):
+        return self.headers.get("idempotent-replayed") == "true"
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<{self.status} {self.headers} {self.body[:300]!r}>"
+
+
+def quoted(key):
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def post(port, path, body, key=None, tenant=None, extra=(), timeout=30):
+    """POST with http.client. `key` is sent as given (quote it yourself); `extra` is a list
+    of (name, value) header lines, repeated names allowed."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn.putrequest("POST", path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(data)))
+        if tenant is not None:
+            conn.putheader("X-Api-Key", tenant)
+        if key is not None:
+            conn.putheader("Idempotency-Key", key)
+        for name, value in extra:
+            conn.putheader(name, value)
+        conn.endheaders(data)
+        r = conn.getresponse()
+        return Resp(r.status, r.getheaders(), r.read())
+    finally:
+        conn.close()
+
+
+def raw_post(port, path, header_lines, body):
+    """POST over a bare socket, for header bytes http.client would not send."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        for line in header_lines:
+            head += line + b"\r\n"
+        head += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        s.sendall(head + body)
+        return read_http_response(s)
+
+
+def read_http_message(sock):
+    """Reads one HTTP/1.1 message with a Content-Length (or none); returns its bytes or None."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def read_http_response(sock):
+    """Reads one HTTP/1.1 response with a Content-Length; returns Resp or None."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = [tuple(x.strip() for x in line.split(":", 1)) for line in lines[1:] if ":" in line]
+    length = int(dict((k.lower(), v) for k, v in headers).get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return Resp(status, headers, rest[:length])
+
+
+class DropResponseProxy:
+    """A TCP proxy in front of the service that forwards each request, waits for the
+    service's complete response, records it, and then drops the client's connection (RST)
+    without sending it: the client sees the 504 case, "no answer", while the work was done."""
+
+    def __init__(self, listen_port, target_port):
+        self.target_port = target_port
+        self.dropped = []
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", listen_port))
+        self.sock.listen(16)
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _handle(self, client):
+        client.settimeout(30)
+        try:
+            request = read_http_message(client)  # the whole request: head and body
+            if request is None:
+                return
+            with socket.create_connection(("127.0.0.1", self.target_port), timeout=30) as upstream:
+                upstream.sendall(request)
+                response = read_http_response(upstream)
+            if response is not None:
+                self.dropped.append(response)
+        except OSError:
+            pass
+        finally:
+            # Close with RST and without a byte of the response.
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+
+    def close(self):
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def is_problem(r, status):
+    if r.status != status or r.headers.get("content-type") != "application/problem+json":
+        return False
+    try:
+        p = r.json()
+    except ValueError:
+        return False
+    return (p.get("status") == status and isinstance(p.get("type"), str) and isinstance(p.get("title"), str)
+            and isinstance(p.get("detail"), str))
+
+
+# ---------------------------------------------------------------------------------------
+# Scenarios
+
+AMOUNT = {"amount": 500, "currency": "eur"}
+
+
+def scenario_lost_response(h, route):
+    tenant = f"acct_lost_{route.strip('/').replace('/', '_')}"
+    key = str(uuid.uuid4())
+    proxy = h.proxy
+    proxy.dropped.clear()
+    try:
+        r = post(h.proxy_port, route, AMOUNT, quoted(key), tenant)
+        got = f"an answer {r!r}"
+    except (http.client.HTTPException, OSError) as e:
+        got = None
+        print(f"     (the client saw {type(e).__name__}: {e})")
+    check(f"{route} lost response: the client got no answer (the proxy dropped it)", got is None, got or "")
+    dropped = proxy.dropped[0] if proxy.dropped else None
+    check(f"{route} lost response: the service had answered 201", dropped is not None and dropped.status == 201,
+          repr(dropped))
+    retry = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check(f"{route} lost response: the retry gets 201 with Idempotent-Replayed: true",
+          retry.status == 201 and retry.replayed, repr(retry))
+    check(f"{route} lost response: the retry's body is the lost response's body, byte for byte",
+          dropped is not None and retry.body == dropped.body, f"{retry.body!r} vs {dropped and dropped.body!r}")
+    check(f"{route} lost response: the retry's Location is the lost response's",
+          dropped is not None and retry.headers.get("location") == dropped.headers.get("location")
+          and retry.headers.get("location", "").startswith("/charges/ch_"), repr(retry.headers))
+    check(f"{route} lost response: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
+
+
+def scenario_concurrent(h, route, n=20):
+    tenant = f"acct_conc_{route.strip('/').replace('/', '_')}"
+    key = str(uuid.uuid4())
+    barrier = threading.Barrier(n)
+    answers = [None] * n
+
+    def one(i):
+        try:
+            barrier.wait(timeout=10)
+            answers[i] = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+        except Exception as e:  # recorded as a failed answer
+            answers[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    errors = [a for a in answers if not isinstance(a, Resp)]
+    check(f"{route} {n} concurrent: every request got an answer", not errors, repr(errors[:3]))
+    resps = [a for a in answers if isinstance(a, Resp)]
+    firsts = [r for r in resps if r.status == 201 and not r.replayed]
+    replays = [r for r in resps if r.status == 201 and r.replayed]
+    conflicts = [r for r in resps if r.status == 409]
+    others = [r for r in resps if r.status not in (201, 409)]
+    check(f"{route} {n} concurrent: exactly one 201 that is not a replay", len(firsts) == 1,
+          f"{len(firsts)} firsts, {len(replays)} replays, {len(conflicts)} 409s, others {others[:2]!r}")
+    check(f"{route} {n} concurrent: the rest are replayed 201s or 409s ({len(replays)} replays, {len(conflicts)} 409s)",
+          not others and len(replays) + len(conflicts) == n - 1, repr(others[:2]))
+    check(f"{route} {n} concurrent: every 409 is a problem with Retry-After",
+          all(is_problem(r, 409) and r.headers.get("retry-after", "").isdigit() for r in conflicts),
+          repr(conflicts[:1]))
+    check(f"{route} {n} concurrent: every replay has the first response's body",
+          len(firsts) == 1 and all(r.body == firsts[0].body for r in replays))
+    check(f"{route} {n} concurrent: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
+    if route == "/charges/external":
+        stats = h.stub_stats()
+        gw_id = firsts[0].json()["gateway_charge_id"] if len(firsts) == 1 else None
+        charged = [e for e in stats["keys"].values() if e["response"].get("id") == gw_id]
+        check(f"{route} {n} concurrent: the gateway was called once and charged once",
+              len(charged) == 1 and charged[0]["charges"] == 1 and charged[0]["requests"] == 1, repr(charged))
+    # after the dust settles: a plain retry is a replay
+    again = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check(f"{route} {n} concurrent: a later retry replays the same body",
+          again.status == 201 and again.replayed and len(firsts) == 1 and again.body == firsts[0].body, repr(again))
+
+
+def scenario_mismatch(h, route):
+    tenant = f"acct_mismatch_{route.strip('/').replace('/', '_')}"
+    key = str(uuid.uuid4())
+    first = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check(f"{route} mismatch: first request 201", first.status == 201 and not first.replayed, repr(first))
+    other = post(h.svc_port, route, {"amount": 501, "currency": "eur"}, quoted(key), tenant)
+    check(f"{route} mismatch: the key with another amount gets a 422 problem", is_problem(other, 422), repr(other))
+    check(f"{route} mismatch: no new charge", h.charges(tenant) == 1, str(h.charges(tenant)))
+    same = post(h.svc_port, route, {"currency": "eur", "amount": 500.0}, quoted(key), tenant)
+    check(f"{route} mismatch: the same JSON written differently is not a mismatch (canonical fingerprint)",
+          same.status == 201 and same.replayed and same.body == first.body, repr(same))
+    elsewhere = post(h.svc_port, route, {"amount": 501, "currency": "eur"}, quoted(key), tenant + "_other")
+    check(f"{route} mismatch: the same key in another tenant's scope is a new request",
+          elsewhere.status == 201 and not elsewhere.replayed, repr(elsewhere))
+
+
+def scenario_bad_requests(h):
+    tenant = "acct_bad"
+    body = json.dumps(AMOUNT).encode()
+    cases = [
+        ("missing", None),
+        ("empty quoted string", '""'),
+        ("empty value", ""),
+        ("256 characters (quoted)", quoted("k" * 256)),
+        ("256 characters (bare)", "k" * 256),
+        ("tab inside", '"a\tb"'),
+        ("no closing quote", '"abc'),
+        ("parameters after the string", '"abc";p=1'),
+        ("a bad escape", '"a\\nb"'),
+        ("a bare value with a space", "a b"),
+        ("non-ASCII", '"caf\u00e9"'),
+    ]
+    for name, key in cases:
+        if key is None:
+            r = post(h.svc_port, "/charges", AMOUNT, None, tenant)
+        else:
+            r = raw_post(h.svc_port, "/charges", [b"X-Api-Key: " + tenant.encode(),
+                                                  b"Idempotency-Key: " + key.encode("utf-8")], body)
+        check(f"bad key ({name}): 400 problem+json", r is not None and is_problem(r, 400), repr(r))
+    two = post(h.svc_port, "/charges", AMOUNT, '"k-a"', tenant, extra=[("Idempotency-Key", '"k-b"')])
+    check("bad key (two Idempotency-Key field lines): 400 problem+json", is_problem(two, 400), repr(two))
+    # A control character other than tab is refused by the HTTP parser itself (hyper), before
+    # the application sees the request: a 400, without a problem body.
+    ctl = raw_post(h.svc_port, "/charges", [b"X-Api-Key: acct_bad", b'Idempotency-Key: "a\x01b"'], body)
+    check("bad key (a control character): 400", ctl is not None and ctl.status == 400, repr(ctl))
+    for route in ("/charges", "/charges/external"):
+        r = post(h.svc_port, route, AMOUNT, quoted(str(uuid.uuid4())), None)
+        check(f"{route} missing X-Api-Key: 401 problem+json with WWW-Authenticate",
+              is_problem(r, 401) and "www-authenticate" in r.headers, repr(r))
+        r = post(h.svc_port, route, AMOUNT, None, None)
+        check(f"{route} missing X-Api-Key and key: 401 first", is_problem(r, 401), repr(r))
+        r = post(h.svc_port, route, AMOUNT, None, tenant)
+        check(f"{route} missing key: 400 problem+json", is_problem(r, 400), repr(r))
+    check("bad requests: no charge row, no idempotency record",
+          h.charges(tenant) == 0 and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
+
+    # accepted forms: 255 characters; a quoted string and a bare token name the same key
+    long_key = "k" * 255
+    r = post(h.svc_port, "/charges", AMOUNT, quoted(long_key), "acct_good")
+    check("key of 255 characters: 201", r.status == 201 and not r.replayed, repr(r))
+    r1 = post(h.svc_port, "/charges", AMOUNT, '"tok-1:a/b"', "acct_good")
+    r2 = post(h.svc_port, "/charges", AMOUNT, "tok-1:a/b", "acct_good")
+    check("a quoted key and the same bare token are one key (the second is a replay)",
+          r1.status == 201 and not r1.replayed and r2.status == 201 and r2.replayed and r1.body == r2.body,
+          f"{r1!r} {r2!r}")
+    r3 = post(h.svc_port, "/charges", AMOUNT, r'"q\"uo\\te"', "acct_good")
+    row = h.sql("SELECT count(*) FROM idempotency.keys WHERE scope = 'acct_good:POST /charges' AND key = %s",
+                'q"uo\\te')[0][0]
+    check("a quoted key's escapes are undone before the claim", r3.status == 201 and row == 1, f"{r3!r} rows={row}")
+
+    # a body that fails validation is refused before the claim: the key stays free
+    key = str(uuid.uuid4())
+    bad = post(h.svc_port, "/charges", b'{"amount": "lots"', quoted(key), "acct_good")
+    check("a body that is not valid JSON: 400 problem+json", is_problem(bad, 400), repr(bad))
+    bad2 = post(h.svc_port, "/charges", {"amount": -5, "currency": "eur"}, quoted(key), "acct_good")
+    check("a negative amount: 400 problem+json", is_problem(bad2, 400), repr(bad2))
+    good = post(h.svc_port, "/charges", AMOUNT, quoted(key), "acct_good")
+    check("the same key with a valid body then runs as new (nothing was claimed)",
+          good.status == 201 and not good.replayed, repr(good))
+
+
+def scenario_decline(h):
+    tenant = "acct_decline"
+    key = str(uuid.uuid4())
+    body = {"amount": 1_000_000, "currency": "eur"}
+    first = post(h.svc_port, "/charges/external", body, quoted(key), tenant)
+    again = post(h.svc_port, "/charges/external", body, quoted(key), tenant)
+    check("/charges/external decline: a 402 problem is stored", is_problem(first, 402) and not first.replayed,
+          repr(first))
+    check("/charges/external decline: the retry replays the 402, same body",
+          is_problem(again, 402) and again.replayed and again.body == first.body, repr(again))
+    check("/charges/external decline: no charge row", h.charges(tenant) == 0)
+
+
+def wait_for(what, cond, timeout=15, every=0.05):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def retry_until_not_409(h, route, body, key, tenant, timeout=20):
+    deadline = time.time() + timeout
+    seen_409 = 0
+    while True:
+        r = post(h.svc_port, route, body, key, tenant)
+        if r.status != 409 or time.time() > deadline:
+            return r, seen_409
+        seen_409 += 1
+        time.sleep(0.2)
+
+
+def scenario_kill_mid_gateway(h):
+    route, tenant, key = "/charges/external", "acct_kill", str(uuid.uuid4())
+    scope = f"{tenant}:POST {route}"
+    h.stub_delay(4000)
+    outcome = {}
+
+    def doomed():
+        try:
+            outcome["resp"] = post(h.svc_port, route, AMOUNT, quoted(key), tenant, timeout=30)
+        except Exception as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=doomed)
+    t.start()
+    try:
+        rec = wait_for("the checkpoint before the gateway call",
+                       lambda: (r := h.record(scope, key)) and r[1] == "gateway_call_started" and r)
+        gateway_key = rec[2]["gateway_key"]
+        wait_for("the gateway to receive the charge", lambda: gateway_key in h.stub_stats()["keys"])
+        time.sleep(LEASE_MS / 1000 * 1.5)  # the lease is renewed while the gateway sleeps
+        rec = h.record(scope, key)
+        check("kill: while the gateway is slow, the heartbeat keeps the lease alive",
+              rec is not None and rec[0] == "in_progress" and rec[4] is False, repr(rec))
+        h.kill("service", signal.SIGKILL)
+        t.join(10)
+        check("kill: the in-flight request got no answer (SIGKILL)", "error" in outcome, repr(outcome))
+    finally:
+        h.stub_delay(0)
+    h.start_service()
+    r, n409 = retry_until_not_409(h, route, AMOUNT, quoted(key), tenant)
+    check(f"kill: after restart the retry (after {n409} 409s until the lease ended) completes: 201, not a replay",
+          r.status == 201 and not r.replayed, repr(r))
+    stats = h.stub_stats()["keys"].get(gateway_key, {})
+    check("kill: the gateway charged once for the operation (the takeover repeated the call with the same gateway key)",
+          stats.get("charges") == 1 and stats.get("requests") == 2, repr(stats))
+    check("kill: the response carries the gateway's charge",
+          r.status == 201 and r.json()["gateway_charge_id"] == stats.get("response", {}).get("id"), repr(r))
+    check("kill: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
+    rec = h.record(scope, key)
+    check("kill: the record is completed after 2 claims", rec is not None and rec[0] == "completed" and rec[3] == 2,
+          repr(rec))
+    again = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check("kill: a later retry replays the same body", again.replayed and again.body == r.body, repr(again))
+
+
+def scenario_stall_fencing(h):
+    route, tenant, key = "/charges/external", "acct_stall", str(uuid.uuid4())
+    scope = f"{tenant}:POST {route}"
+    outcome = {}
+
+    def stalled():
+        try:
+            outcome["resp"] = post(h.svc_port, route, AMOUNT, quoted(key), tenant,
+                                   extra=[("X-Fault-Pause-After-Gateway-Ms", str(LEASE_MS * 4))])
+        except Exception as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=stalled)
+    t.start()
+    rec = wait_for("the checkpoint after the gateway call",
+                   lambda: (r := h.record(scope, key)) and r[1] == "gateway_charged" and r)
+    gateway_key = rec[2]["gateway_key"]
+    wait_for("the stalled worker's lease to end", lambda: h.record(scope, key)[4], timeout=10)
+    r = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check("stall: a retry after the lease ended takes over and completes: 201, not a replay",
+          r.status == 201 and not r.replayed, repr(r))
+    stats = h.stub_stats()["keys"].get(gateway_key, {})
+    check("stall: the takeover resumed from the checkpoint 'gateway_charged' and did not call the gateway",
+          stats.get("requests") == 1 and stats.get("charges") == 1, repr(stats))
+    t.join(20)
+    late = outcome.get("resp")
+    check("stall: the stalled worker's late completion is fenced: it answers 409, not 201",
+          late is not None and is_problem(late, 409), repr(outcome))
+    check("stall: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
+    again = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+    check("stall: the stalled worker's retry replays the takeover's response",
+          again.replayed and again.body == r.body, repr(again))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--service-bin", required=True, help="the built charges-api binary")
+    ap.add_argument("--port", type=int, default=int(os.environ.get("E2E_PORT", "55446")),
+                    help="first of four ports: PostgreSQL, gateway stub, service, proxy (default 55446)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds before the whole run is stopped")
+    ap.add_argument("--keep-logs", action="store_true")
+    args = ap.parse_args()
+    args.service_bin = os.path.abspath(args.service_bin)
+    if not os.access(args.service_bin, os.X_OK):
+        print(f"e2e: no executable at {args.service_bin}", file=sys.stderr)
+        print("e2e: 0 passed, 1 failed")
+        return 1
+
+    h = Harness(args)
+
+    def on_timeout():
+        print(f"FAIL the run took longer than {args.timeout:.0f} s; stopping", flush=True)
+        h.cleanup(keep_logs=True)
+        print(f"e2e: {passed} passed, {failed + 1} failed", flush=True)
+        os._exit(1)
+
+    watchdog = threading.Timer(args.timeout, on_timeout)
+    watchdog.daemon = True
+    watchdog.start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    started = time.time()
+    scenarios = [
+        ("lost response, same transaction", lambda: scenario_lost_response(h, "/charges")),
+        ("lost response, committed first", lambda: scenario_lost_response(h, "/charges/external")),
+        ("20 concurrent, same transaction", lambda: scenario_concurrent(h, "/charges")),
+        ("20 concurrent, committed first", lambda: (h.stub_delay(300), scenario_concurrent(h, "/charges/external"),
+                                                    h.stub_delay(0))),
+        ("mismatch, same transaction", lambda: scenario_mismatch(h, "/charges")),
+        ("mismatch, committed first", lambda: scenario_mismatch(h, "/charges/external")),
+        ("bad requests", lambda: scenario_bad_requests(h)),
+        ("gateway decline", lambda: scenario_decline(h)),
+        ("SIGKILL mid-gateway", lambda: scenario_kill_mid_gateway(h)),
+        ("stall past the lease", lambda: scenario_stall_fencing(h)),
+    ]
+    try:
+        h.start_cluster()
+        h.start_stub()
+        h.start_service()
+        h.proxy = DropResponseProxy(h.proxy_port, h.svc_port)
+        for name, run in scenarios:
+            t0 = time.time()
+            try:
+                run()
+                print(f"     ({name}: {time.time() - t0:.1f} s)", flush=True)
+            except Exception as e:
+                traceback.print_exc()
+                check(f"scenario '{name}' ran to the end", False, f"{type(e).__name__}: {e}")
+                if "service" not in h.procs or h.procs["service"].poll() is not None:
+                    print(h.tail("service"), flush=True)
+                    h.kill("service")
+                    h.start_service()
+    except Exception as e:
+        traceback.print_exc()
+        check("setup", False, f"{type(e).__name__}: {e}")
+    finally:
+        watchdog.cancel()
+        if failed:
+            for name in ("service", "gateway"):
+                print(f"--- last lines of the {name} log ---\n{h.tail(name)}", flush=True)
+        h.cleanup(keep_logs=args.keep_logs)
+    print(f"(e2e ran in {time.time() - started:.1f} s)")
+    print(f"e2e: {passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

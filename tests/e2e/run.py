@@ -41,7 +41,7 @@ import psycopg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
-LEASE_MS = 1000
+LEASE_MS = 2000  # the service's lease; it renews it every third of that while the gateway works
 
 passed = 0
 failed = 0
@@ -244,6 +244,16 @@ def post(port, path, body, key=None, tenant=None, extra=(), timeout=30):
         conn.close()
 
 
+def get(port, path, tenant):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path, headers={"X-Api-Key": tenant})
+        r = conn.getresponse()
+        return Resp(r.status, r.getheaders(), r.read())
+    finally:
+        conn.close()
+
+
 def raw_post(port, path, header_lines, body):
     """POST over a bare socket, for header bytes http.client would not send."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -389,6 +399,12 @@ def scenario_lost_response(h, route):
           dropped is not None and retry.headers.get("location") == dropped.headers.get("location")
           and retry.headers.get("location", "").startswith("/charges/ch_"), repr(retry.headers))
     check(f"{route} lost response: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
+    location = retry.headers.get("location", "/charges/none")
+    got = get(h.svc_port, location, tenant)
+    check(f"{route} lost response: GET Location finds the charge",
+          got.status == 200 and got.json()["id"] == retry.json()["id"], repr(got))
+    other = get(h.svc_port, location, tenant + "_other")
+    check(f"{route} lost response: another tenant's GET is a 404 problem", is_problem(other, 404), repr(other))
 
 
 def scenario_concurrent(h, route, n=20):
@@ -556,7 +572,7 @@ def retry_until_not_409(h, route, body, key, tenant, timeout=20):
 def scenario_kill_mid_gateway(h):
     route, tenant, key = "/charges/external", "acct_kill", str(uuid.uuid4())
     scope = f"{tenant}:POST {route}"
-    h.stub_delay(4000)
+    h.stub_delay(3 * LEASE_MS)
     outcome = {}
 
     def doomed():
@@ -606,7 +622,7 @@ def scenario_stall_fencing(h):
     def stalled():
         try:
             outcome["resp"] = post(h.svc_port, route, AMOUNT, quoted(key), tenant,
-                                   extra=[("X-Fault-Pause-After-Gateway-Ms", str(LEASE_MS * 4))])
+                                   extra=[("X-Fault-Pause-After-Gateway-Ms", str(int(LEASE_MS * 2.5)))])
         except Exception as e:
             outcome["error"] = e
 
@@ -653,7 +669,9 @@ def main():
 
     def on_timeout():
         print(f"FAIL the run took longer than {args.timeout:.0f} s; stopping", flush=True)
-        h.cleanup(keep_logs=True)
+        for name in ("service", "gateway"):
+            print(f"--- last lines of the {name} log ---\n{h.tail(name)}", flush=True)
+        h.cleanup(keep_logs=args.keep_logs)
         print(f"e2e: {passed} passed, {failed + 1} failed", flush=True)
         os._exit(1)
 

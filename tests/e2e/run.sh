@@ -8,4 +8,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 project="$root/examples/charges-api"
 cargo build --release --locked --manifest-path "$project/Cargo.toml" --target-dir "$project/target"
+# The service's own unit tests (the Idempotency-Key parser); reuses the release build.
+cargo test --release --locked --quiet --manifest-path "$project/Cargo.toml" --target-dir "$project/target"
 exec /usr/bin/python3 "$root/tests/e2e/run.py" --service-bin "$project/target/release/charges-api" "$@"

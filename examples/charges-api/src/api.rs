@@ -106,8 +106,18 @@ CREATE TABLE IF NOT EXISTS charges (
 )";
 
 impl App {
-    pub fn new(pool: Arc<Pool>, gateway: Gateway, lease: Duration, allow_fault_injection: bool) -> App {
-        App(Arc::new(Inner { pool, gateway, lease, allow_fault_injection }))
+    pub fn new(
+        pool: Arc<Pool>,
+        gateway: Gateway,
+        lease: Duration,
+        allow_fault_injection: bool,
+    ) -> App {
+        App(Arc::new(Inner {
+            pool,
+            gateway,
+            lease,
+            allow_fault_injection,
+        }))
     }
 
     pub fn router(&self) -> Router {
@@ -122,15 +132,25 @@ impl App {
     /// The extension must be there (CREATE EXTENSION needs a superuser: not the service's
     /// job); the service's own table is created when missing.
     pub async fn prepare_schema(&self) -> Result<(), String> {
-        let conn = self.0.pool.get().await.map_err(|e| format!("database: {e}"))?;
+        let conn = self
+            .0
+            .pool
+            .get()
+            .await
+            .map_err(|e| format!("database: {e}"))?;
         let found = conn
-            .query_opt("SELECT 1 FROM pg_extension WHERE extname = 'idempotency'", &[])
+            .query_opt(
+                "SELECT 1 FROM pg_extension WHERE extname = 'idempotency'",
+                &[],
+            )
             .await
             .map_err(|e| format!("database: {e}"))?;
         if found.is_none() {
             return Err("the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)".into());
         }
-        conn.batch_execute(SCHEMA).await.map_err(|e| format!("creating table charges: {e}"))
+        conn.batch_execute(SCHEMA)
+            .await
+            .map_err(|e| format!("creating table charges: {e}"))
     }
 
     fn lease_sql(&self) -> String {
@@ -150,7 +170,10 @@ fn problem(status: u16, slug: &str, title: &str, detail: &str) -> Response {
     let body = problem_body(status, slug, title, detail);
     let mut r = response(status, "application/problem+json", body);
     if status == 401 {
-        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey realm=\"charges\""));
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("ApiKey realm=\"charges\""),
+        );
     }
     r
 }
@@ -174,19 +197,24 @@ fn response(status: u16, content_type: &'static str, body: String) -> Response {
 }
 
 fn with_retry_after(mut r: Response, secs: u64) -> Response {
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     r
 }
 
 /// A response about to be stored with idem_complete and sent: the stored headers are the
 /// meaningful ones (Location, Content-Type), so a replay can send them again.
 fn stored_response(status: u16, headers: &Value, body: &str) -> Response {
-    let mut r = Response::builder().status(status).body(Body::from(body.to_string())).unwrap();
+    let mut r = Response::builder()
+        .status(status)
+        .body(Body::from(body.to_string()))
+        .unwrap();
     if let Some(map) = headers.as_object() {
         for (name, value) in map {
-            if let (Ok(n), Some(Ok(v))) =
-                (HeaderName::from_bytes(name.as_bytes()), value.as_str().map(HeaderValue::from_str))
-            {
+            if let (Ok(n), Some(Ok(v))) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                value.as_str().map(HeaderValue::from_str),
+            ) {
                 r.headers_mut().insert(n, v);
             }
         }
@@ -229,7 +257,12 @@ fn failure_response(what: &str, f: Failure) -> Response {
         Failure::Db(e) => e,
         Failure::Other(message) => {
             eprintln!("charges-api: {what}: {message}");
-            return problem(500, "internal", "Internal error", "The request failed; it was not carried out.");
+            return problem(
+                500,
+                "internal",
+                "Internal error",
+                "The request failed; it was not carried out.",
+            );
         }
     };
     let code = e.code().map(|c| c.code().to_string()).unwrap_or_default();
@@ -268,8 +301,13 @@ fn failure_response(what: &str, f: Failure) -> Response {
 
 fn tenant_of(headers: &HeaderMap) -> Result<String, Response> {
     let unauthorized = |detail: &str| problem(401, "unauthorized", "Unauthorized", detail);
-    let value = headers.get("x-api-key").ok_or_else(|| unauthorized("The request has no X-Api-Key header."))?;
-    let tenant = value.to_str().map_err(|_| unauthorized("The X-Api-Key header is not valid."))?.trim();
+    let value = headers
+        .get("x-api-key")
+        .ok_or_else(|| unauthorized("The request has no X-Api-Key header."))?;
+    let tenant = value
+        .to_str()
+        .map_err(|_| unauthorized("The X-Api-Key header is not valid."))?
+        .trim();
     // In this example the API key is the tenant (account) id; a real service looks it up.
     if tenant.is_empty() || tenant.len() > 200 || !tenant.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(unauthorized("The X-Api-Key header is not valid."));
@@ -278,17 +316,40 @@ fn tenant_of(headers: &HeaderMap) -> Result<String, Response> {
 }
 
 impl App {
-    fn check(&self, headers: &HeaderMap, body: &Bytes, route: &str) -> Result<ChargeRequest, Response> {
+    fn check(
+        &self,
+        headers: &HeaderMap,
+        body: &Bytes,
+        route: &str,
+    ) -> Result<ChargeRequest, Response> {
         let tenant = tenant_of(headers)?;
-        let values: Vec<&[u8]> = headers.get_all("idempotency-key").iter().map(|v| v.as_bytes()).collect();
+        let values: Vec<&[u8]> = headers
+            .get_all("idempotency-key")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
         let key = idem_key::parse(&values).map_err(|detail| {
-            let title = if values.is_empty() { "Idempotency-Key is missing" } else { "Idempotency-Key is malformed" };
-            problem(400, "idempotency-key-invalid", title, &format!("This operation requires a valid Idempotency-Key: {detail}."))
+            let title = if values.is_empty() {
+                "Idempotency-Key is missing"
+            } else {
+                "Idempotency-Key is malformed"
+            };
+            problem(
+                400,
+                "idempotency-key-invalid",
+                title,
+                &format!("This operation requires a valid Idempotency-Key: {detail}."),
+            )
         })?;
         let invalid = |detail: &str| problem(400, "invalid-request", "Invalid request", detail);
-        let payload: Value = serde_json::from_slice(body).map_err(|e| invalid(&format!("The body is not JSON: {e}.")))?;
+        let payload: Value = serde_json::from_slice(body)
+            .map_err(|e| invalid(&format!("The body is not JSON: {e}.")))?;
         let amount = match &payload["amount"] {
-            Value::Number(n) => n.as_i64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)),
+            Value::Number(n) => n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                    .map(|f| f as i64)
+            }),
             _ => None,
         }
         .filter(|a| *a > 0)
@@ -319,8 +380,14 @@ impl App {
     }
 }
 
-async fn claim(db: &impl GenericClient, r: &ChargeRequest, lease: Option<&str>) -> Result<Claim, tokio_postgres::Error> {
-    let row = db.query_one(CLAIM, &[&r.scope, &r.key, &r.body, &lease]).await?;
+async fn claim(
+    db: &impl GenericClient,
+    r: &ChargeRequest,
+    lease: Option<&str>,
+) -> Result<Claim, tokio_postgres::Error> {
+    let row = db
+        .query_one(CLAIM, &[&r.scope, &r.key, &r.body, &lease])
+        .await?;
     let c = Claim {
         outcome: row.get(0),
         token: row.get(1),
@@ -331,7 +398,10 @@ async fn claim(db: &impl GenericClient, r: &ChargeRequest, lease: Option<&str>) 
         recovery_data: row.get(6),
         retry_after: row.get(7),
     };
-    eprintln!("charges-api: {} key={:?} outcome={}", r.scope, r.key, c.outcome);
+    eprintln!(
+        "charges-api: {} key={:?} outcome={}",
+        r.scope, r.key, c.outcome
+    );
     Ok(c)
 }
 
@@ -356,7 +426,11 @@ async fn post_charges(State(app): State<App>, headers: HeaderMap, body: Bytes) -
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    detached("POST /charges", async move { same_transaction(app, r).await }).await
+    detached(
+        "POST /charges",
+        async move { same_transaction(app, r).await },
+    )
+    .await
 }
 
 async fn same_transaction(app: App, r: ChargeRequest) -> Result<Response, Failure> {
@@ -366,17 +440,37 @@ async fn same_transaction(app: App, r: ChargeRequest) -> Result<Response, Failur
     // `replay` (it committed) or `claimed` (it rolled back).
     let c = claim(&tx, &r, None).await?;
     let token = match c.outcome.as_str() {
-        "claimed" | "reclaimed" => c.token.clone().ok_or_else(|| Failure::Other("claim without token".into()))?,
+        "claimed" | "reclaimed" => c
+            .token
+            .clone()
+            .ok_or_else(|| Failure::Other("claim without token".into()))?,
         _ => {
             tx.rollback().await?; // the claim wrote nothing
             return Ok(answer_without_work(&c));
         }
     };
-    let row = tx.query_one(INSERT_CHARGE, &[&r.tenant, &r.amount, &r.currency, &None::<&str>]).await?;
+    let row = tx
+        .query_one(
+            INSERT_CHARGE,
+            &[&r.tenant, &r.amount, &r.currency, &None::<&str>],
+        )
+        .await?;
     let (id, body): (String, String) = (row.get(0), row.get(1));
     let headers = json!({"Location": format!("/charges/{id}"), "Content-Type": "application/json"});
-    let stored: String =
-        tx.query_one(COMPLETE, &[&r.scope, &r.key, &token, &201i32, &body, &headers.to_string()]).await?.get(0);
+    let stored: String = tx
+        .query_one(
+            COMPLETE,
+            &[
+                &r.scope,
+                &r.key,
+                &token,
+                &201i32,
+                &body,
+                &headers.to_string(),
+            ],
+        )
+        .await?
+        .get(0);
     tx.commit().await?;
     Ok(stored_response(201, &headers, &stored))
 }
@@ -390,12 +484,19 @@ async fn same_transaction(app: App, r: ChargeRequest) -> Result<Response, Failur
 // gateway_call_started  {gateway_key, amount, currency}                call the gateway again with the same gateway_key
 // gateway_charged       {gateway_key, amount, currency, gateway_charge_id}  skip the gateway, finish
 
-async fn post_charges_external(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+async fn post_charges_external(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let r = match app.check(&headers, &body, "/charges/external") {
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    detached("POST /charges/external", async move { committed_first(app, r).await }).await
+    detached("POST /charges/external", async move {
+        committed_first(app, r).await
+    })
+    .await
 }
 
 async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure> {
@@ -404,19 +505,25 @@ async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure
     // Autocommit: the claim is committed at once, so duplicates get 409 straight away.
     let c = claim(&*conn, &r, Some(&lease)).await?;
     let token = match c.outcome.as_str() {
-        "claimed" | "reclaimed" => c.token.clone().ok_or_else(|| Failure::Other("claim without token".into()))?,
+        "claimed" | "reclaimed" => c
+            .token
+            .clone()
+            .ok_or_else(|| Failure::Other("claim without token".into()))?,
         _ => return Ok(answer_without_work(&c)),
     };
     let fresh = c.outcome == "claimed";
     let mut point = c.recovery_point.clone().unwrap_or_default();
     let mut data: Value = match c.recovery_data.as_deref() {
-        Some(d) => serde_json::from_str(d).map_err(|e| Failure::Other(format!("recovery_data: {e}")))?,
+        Some(d) => {
+            serde_json::from_str(d).map_err(|e| Failure::Other(format!("recovery_data: {e}")))?
+        }
         None => Value::Null,
     };
     let checkpoint = |point: &'static str, data: String| {
         let (conn, r, token, lease) = (&conn, &r, &token, &lease);
         async move {
-            conn.execute(CHECKPOINT, &[&r.scope, &r.key, token, &point, &data, lease]).await?;
+            conn.execute(CHECKPOINT, &[&r.scope, &r.key, token, &point, &data, lease])
+                .await?;
             Ok::<(), Failure>(())
         }
     };
@@ -432,7 +539,10 @@ async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure
 
     if point == "gateway_call_started" {
         let gateway_key = data["gateway_key"].as_str().unwrap_or_default().to_string();
-        let (amount, currency) = (data["amount"].as_i64().unwrap_or(r.amount), data["currency"].as_str().unwrap_or(&r.currency).to_string());
+        let (amount, currency) = (
+            data["amount"].as_i64().unwrap_or(r.amount),
+            data["currency"].as_str().unwrap_or(&r.currency).to_string(),
+        );
         let call = app.0.gateway.charge(&gateway_key, amount, &currency);
         // While the gateway works, renew the lease: a live worker keeps its claim however slow
         // the gateway is; a dead one stops renewing and its claim can be taken over.
@@ -449,34 +559,65 @@ async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure
         };
         match answer {
             Ok(a) if a.status == 200 || a.status == 201 => {
-                let id = a.body["id"].as_str().ok_or_else(|| Failure::Other("gateway answer without id".into()))?;
+                let id = a.body["id"]
+                    .as_str()
+                    .ok_or_else(|| Failure::Other("gateway answer without id".into()))?;
                 data["gateway_charge_id"] = json!(id);
                 checkpoint("gateway_charged", data.to_string()).await?;
                 point = "gateway_charged".into();
             }
             Ok(a) if a.status == 402 => {
                 // A decline is a final answer: store it, it is replayed like a success.
-                let body = problem_body(402, "card-declined", "Payment declined", "The gateway declined the charge.");
+                let body = problem_body(
+                    402,
+                    "card-declined",
+                    "Payment declined",
+                    "The gateway declined the charge.",
+                );
                 let headers = json!({"Content-Type": "application/problem+json"});
-                let stored: String =
-                    conn.query_one(COMPLETE, &[&r.scope, &r.key, &token, &402i32, &body, &headers.to_string()]).await?.get(0);
+                let stored: String = conn
+                    .query_one(
+                        COMPLETE,
+                        &[
+                            &r.scope,
+                            &r.key,
+                            &token,
+                            &402i32,
+                            &body,
+                            &headers.to_string(),
+                        ],
+                    )
+                    .await?
+                    .get(0);
                 return Ok(stored_response(402, &headers, &stored));
             }
-            Ok(a) => return Ok(gateway_unknown(&app, &format!("the gateway answered {}", a.status))),
+            Ok(a) => {
+                return Ok(gateway_unknown(
+                    &app,
+                    &format!("the gateway answered {}", a.status),
+                ))
+            }
             Err(GatewayError::NotReached(e)) if fresh => {
                 // This is the operation's first attempt and nothing reached the gateway: give
                 // the key back, the client's retry runs as new.
                 conn.execute(RELEASE, &[&r.scope, &r.key, &token]).await?;
                 eprintln!("charges-api: gateway not reached ({e}); claim released");
                 return Ok(with_retry_after(
-                    problem(503, "gateway-unavailable", "Payment gateway unavailable", "Nothing was charged. Retry later."),
+                    problem(
+                        503,
+                        "gateway-unavailable",
+                        "Payment gateway unavailable",
+                        "Nothing was charged. Retry later.",
+                    ),
                     1,
                 ));
             }
             // An earlier attempt may have reached the gateway, or this one may have: keep the
             // claim. Once its lease ends, a retry takes it over and repeats the call with the
             // same gateway key, which charges at most once.
-            Err(GatewayError::NotReached(e)) | Err(GatewayError::Unknown(e)) => return Ok(gateway_unknown(&app, &e)),
+            Err(GatewayError::NotReached(e)) | Err(GatewayError::Unknown(e)) => {
+                return Ok(gateway_unknown(&app, &e))
+            }
         }
     }
 
@@ -487,18 +628,54 @@ async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure
         eprintln!("charges-api: fault injection: stalling {pause:?} after the gateway answered");
         tokio::time::sleep(pause).await;
     }
-    let gateway_charge_id = data["gateway_charge_id"].as_str().unwrap_or_default().to_string();
+    let gateway_charge_id = data["gateway_charge_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     // The charge row and the stored response commit together, fenced by the token. The
     // checkpoint comes first: it fails with IK002 if the claim was taken over meanwhile (then
     // nothing is written and this worker must not report success), and otherwise holds the
     // record's row lock until COMMIT, so no takeover can slip in before idem_complete.
     let tx = conn.transaction().await?;
-    tx.execute(CHECKPOINT, &[&r.scope, &r.key, &token, &"completing", &data.to_string(), &lease]).await?;
-    let row = tx.query_one(INSERT_CHARGE, &[&r.tenant, &r.amount, &r.currency, &Some(gateway_charge_id.as_str())]).await?;
+    tx.execute(
+        CHECKPOINT,
+        &[
+            &r.scope,
+            &r.key,
+            &token,
+            &"completing",
+            &data.to_string(),
+            &lease,
+        ],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            INSERT_CHARGE,
+            &[
+                &r.tenant,
+                &r.amount,
+                &r.currency,
+                &Some(gateway_charge_id.as_str()),
+            ],
+        )
+        .await?;
     let (id, body): (String, String) = (row.get(0), row.get(1));
     let headers = json!({"Location": format!("/charges/{id}"), "Content-Type": "application/json"});
-    let stored: String =
-        tx.query_one(COMPLETE, &[&r.scope, &r.key, &token, &201i32, &body, &headers.to_string()]).await?.get(0);
+    let stored: String = tx
+        .query_one(
+            COMPLETE,
+            &[
+                &r.scope,
+                &r.key,
+                &token,
+                &201i32,
+                &body,
+                &headers.to_string(),
+            ],
+        )
+        .await?
+        .get(0);
     tx.commit().await?;
     Ok(stored_response(201, &headers, &stored))
 }
@@ -519,17 +696,23 @@ fn gateway_unknown(app: &App, why: &str) -> Response {
 // ---------------------------------------------------------------------------------------
 // GET /charges/{id}
 
-async fn get_charge(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn get_charge(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let tenant = match tenant_of(&headers) {
         Ok(t) => t,
         Err(answer) => return answer,
     };
     let work = async move {
         let conn = app.0.pool.get().await?;
-        Ok(match conn.query_opt(CHARGE_AS_JSON, &[&id, &tenant]).await? {
-            Some(row) => response(200, "application/json", row.get(0)),
-            None => problem(404, "not-found", "Not found", "No such charge."),
-        })
+        Ok(
+            match conn.query_opt(CHARGE_AS_JSON, &[&id, &tenant]).await? {
+                Some(row) => response(200, "application/json", row.get(0)),
+                None => problem(404, "not-found", "Not found", "No such charge."),
+            },
+        )
     };
     match work.await {
         Ok(r) => r,

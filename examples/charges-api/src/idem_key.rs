@@ -45,7 +45,11 @@ pub fn parse(values: &[&[u8]]) -> Result<String, String> {
                         key.push(e);
                         i += 2;
                     }
-                    _ => return Err("only \\\" and \\\\ may be escaped in a quoted Idempotency-Key".into()),
+                    _ => {
+                        return Err(
+                            "only \\\" and \\\\ may be escaped in a quoted Idempotency-Key".into(),
+                        )
+                    }
                 },
                 b'"' => {
                     if i + 1 != raw.len() {
@@ -57,16 +61,24 @@ pub fn parse(values: &[&[u8]]) -> Result<String, String> {
                     key.push(b);
                     i += 1;
                 }
-                _ => return Err("the Idempotency-Key holds a control or non-ASCII character".into()),
+                _ => {
+                    return Err("the Idempotency-Key holds a control or non-ASCII character".into())
+                }
             }
         }
         key
     } else {
-        if let Some(&b) = raw.iter().find(|&&b| !(is_tchar(b) || b == b':' || b == b'/')) {
+        if let Some(&b) = raw
+            .iter()
+            .find(|&&b| !(is_tchar(b) || b == b':' || b == b'/'))
+        {
             return Err(if b < 0x20 || b >= 0x7f {
                 "the Idempotency-Key holds a control or non-ASCII character".into()
             } else {
-                format!("a bare Idempotency-Key may not hold {:?}; send it as a quoted string", b as char)
+                format!(
+                    "a bare Idempotency-Key may not hold {:?}; send it as a quoted string",
+                    b as char
+                )
             });
         }
         raw.to_vec()
@@ -75,7 +87,9 @@ pub fn parse(values: &[&[u8]]) -> Result<String, String> {
         return Err("the Idempotency-Key is empty".into());
     }
     if key.len() > MAX_KEY_CHARS {
-        return Err(format!("the Idempotency-Key is longer than {MAX_KEY_CHARS} characters"));
+        return Err(format!(
+            "the Idempotency-Key is longer than {MAX_KEY_CHARS} characters"
+        ));
     }
     // Only printable ASCII got this far.
     Ok(String::from_utf8(key).expect("ASCII"))
@@ -104,8 +118,20 @@ mod tests {
         assert!(parse(&[]).is_err());
         assert!(parse(&[b"a", b"b"]).is_err());
         for bad in [
-            "", "  ", "\"\"", "\"abc", "\"a\"b", "\"a\";p=1", "\"a\\nb\"", "a b", "a,b", "a\tb",
-            "\"a\tb\"", "\"a\x01b\"", "a\x7fb", "\"caf\u{e9}\"",
+            "",
+            "  ",
+            "\"\"",
+            "\"abc",
+            "\"a\"b",
+            "\"a\";p=1",
+            "\"a\\nb\"",
+            "a b",
+            "a,b",
+            "a\tb",
+            "\"a\tb\"",
+            "\"a\x01b\"",
+            "a\x7fb",
+            "\"caf\u{e9}\"",
         ] {
             assert!(one(bad).is_err(), "{bad:?} was accepted");
         }

@@ -9,6 +9,13 @@
 //!
 //! Every option can also come from the environment: DATABASE_URL, LISTEN_ADDR, GATEWAY_URL,
 //! LEASE_MS, POOL_SIZE, GATEWAY_TIMEOUT_MS, ALLOW_FAULT_INJECTION=1 (the options win).
+//!
+//! Routes: `POST /charges` (claim in the business transaction), `POST /charges/external`
+//! (claim committed first, then the gateway), `GET /charges/{id}`, `GET /healthz`. Both POSTs
+//! take `X-Api-Key` (the tenant), `Idempotency-Key` and `{"amount": 500, "currency": "eur"}`.
+//! With `--allow-fault-injection` (tests only), a request header
+//! `X-Fault-Pause-After-Gateway-Ms: N` makes the committed-first handler stall N ms after the
+//! gateway answered, without renewing its lease: a worker that hangs past its lease.
 
 mod api;
 mod gateway;
@@ -40,17 +47,32 @@ fn usage(message: &str) -> ! {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
 }
 
 fn number<T: std::str::FromStr>(name: &str, value: &str) -> T {
-    value.parse().unwrap_or_else(|_| usage(&format!("{name}: not a number: {value:?}")))
+    value
+        .parse()
+        .unwrap_or_else(|_| usage(&format!("{name}: not a number: {value:?}")))
 }
 
 fn parse_options(args: &[String], stub: bool) -> Options {
     let mut o = Options {
-        database_url: env_or("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-        listen: env_or("LISTEN_ADDR", if stub { "127.0.0.1:8081" } else { "127.0.0.1:8080" }),
+        database_url: env_or(
+            "DATABASE_URL",
+            "postgresql://postgres@127.0.0.1:5432/postgres",
+        ),
+        listen: env_or(
+            "LISTEN_ADDR",
+            if stub {
+                "127.0.0.1:8081"
+            } else {
+                "127.0.0.1:8080"
+            },
+        ),
         gateway_url: env_or("GATEWAY_URL", "http://127.0.0.1:8081"),
         lease_ms: number("LEASE_MS", &env_or("LEASE_MS", "10000")),
         pool_size: number("POOL_SIZE", &env_or("POOL_SIZE", "16")),
@@ -64,7 +86,12 @@ fn parse_options(args: &[String], stub: bool) -> Options {
             Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
             _ => (arg.as_str(), None),
         };
-        let mut value = || inline.clone().or_else(|| it.next().cloned()).unwrap_or_else(|| usage(&format!("{flag} needs a value")));
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+        };
         match (flag, stub) {
             ("--listen", _) => o.listen = value(),
             ("--delay-ms", true) => o.delay_ms = number(flag, &value()),
@@ -99,10 +126,13 @@ async fn main() {
         return;
     }
     let o = parse_options(&args, false);
-    let db_config: tokio_postgres::Config =
-        o.database_url.parse().unwrap_or_else(|e| usage(&format!("--database-url: {e}")));
-    let gateway = gateway::Gateway::new(&o.gateway_url, Duration::from_millis(o.gateway_timeout_ms))
-        .unwrap_or_else(|e| usage(&e));
+    let db_config: tokio_postgres::Config = o
+        .database_url
+        .parse()
+        .unwrap_or_else(|e| usage(&format!("--database-url: {e}")));
+    let gateway =
+        gateway::Gateway::new(&o.gateway_url, Duration::from_millis(o.gateway_timeout_ms))
+            .unwrap_or_else(|e| usage(&e));
     let app = api::App::new(
         pool::Pool::new(db_config, o.pool_size),
         gateway,
@@ -113,11 +143,16 @@ async fn main() {
         eprintln!("charges-api: {e}");
         exit(1);
     }
-    let listener = tokio::net::TcpListener::bind(&o.listen).await.unwrap_or_else(|e| {
-        eprintln!("charges-api: cannot listen on {}: {e}", o.listen);
-        exit(1)
-    });
-    eprintln!("charges-api listening on {}", listener.local_addr().unwrap());
+    let listener = tokio::net::TcpListener::bind(&o.listen)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("charges-api: cannot listen on {}: {e}", o.listen);
+            exit(1)
+        });
+    eprintln!(
+        "charges-api listening on {}",
+        listener.local_addr().unwrap()
+    );
     if let Err(e) = axum::serve(listener, app.router()).await {
         eprintln!("charges-api: {e}");
         exit(1);

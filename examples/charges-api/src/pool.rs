@@ -22,16 +22,29 @@ pub struct Conn {
 
 impl Pool {
     pub fn new(config: Config, size: usize) -> Arc<Pool> {
-        Arc::new(Pool { config, idle: Mutex::new(Vec::new()), permits: Arc::new(Semaphore::new(size)) })
+        Arc::new(Pool {
+            config,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(size)),
+        })
     }
 
     pub async fn get(self: &Arc<Self>) -> Result<Conn, tokio_postgres::Error> {
-        let permit = self.permits.clone().acquire_owned().await.expect("pool semaphore is never closed");
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("pool semaphore is never closed");
         loop {
             let idle = self.idle.lock().unwrap().pop();
             match idle {
                 Some(client) if !client.is_closed() => {
-                    return Ok(Conn { client: Some(client), pool: self.clone(), _permit: permit })
+                    return Ok(Conn {
+                        client: Some(client),
+                        pool: self.clone(),
+                        _permit: permit,
+                    })
                 }
                 Some(_) => continue, // the server closed it: drop it, try the next one
                 None => break,
@@ -46,7 +59,11 @@ impl Pool {
         // A duplicate in same-transaction mode waits on the first one's claim; answer 409
         // rather than wait for ever behind a stuck transaction.
         client.batch_execute("SET lock_timeout = '5s'").await?;
-        Ok(Conn { client: Some(client), pool: self.clone(), _permit: permit })
+        Ok(Conn {
+            client: Some(client),
+            pool: self.clone(),
+            _permit: permit,
+        })
     }
 }
 

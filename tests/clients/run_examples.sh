@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs the client examples in examples/clients/ (Python, Node, Rust) against a throwaway
+# PostgreSQL cluster with the extension. The Go example is not run here (no Go toolchain on
+# these machines). Needs the extension installed into the system PostgreSQL 15, /usr/bin/python3
+# with psycopg 3, node + npm, cargo; npm ci and cargo fetch from their registries.
+#   tests/clients/run_examples.sh [PORT]      (default port 55445)
+# Last line: "examples: N passed, M failed"; the exit code is non-zero if anything failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+port=${1:-${EXAMPLES_PORT:-55445}}
+dir=/tmp/idem-examples-$$
+ex="$root/examples/clients"
+passed=0
+failed=0
+
+cleanup() {
+    "$root/scripts/cluster.sh" stop "$dir" || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# tally LANG LOG RC: adds the "LANG: N passed, M failed" line of LOG; a missing line or a
+# non-zero exit code without failures counts as one failure.
+tally() {
+    local lang=$1 log=$2 rc=$3 line p f
+    line=$(grep -E "^$lang: [0-9]+ passed, [0-9]+ failed$" "$log" | tail -1)
+    if [ -z "$line" ]; then
+        echo "FAIL $lang: no result line (exit code $rc)"
+        failed=$((failed + 1))
+        return
+    fi
+    p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")
+    f=$(sed -E 's/.*, ([0-9]+) failed/\1/' <<<"$line")
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
+        echo "FAIL $lang: exit code $rc"
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+}
+
+# Build first, so the cluster is not kept waiting.
+echo "== node: npm ci"
+if ! (cd "$ex/node" && timeout 600 npm ci --no-audit --no-fund); then
+    echo "FAIL node: npm ci"
+    failed=$((failed + 1))
+    node_ok=0
+else
+    node_ok=1
+fi
+echo "== rust: cargo build"
+if ! timeout 900 cargo build --locked --quiet --manifest-path "$ex/rust/Cargo.toml" --target-dir "$ex/rust/target"; then
+    echo "FAIL rust: cargo build"
+    failed=$((failed + 1))
+    rust_ok=0
+else
+    rust_ok=1
+fi
+
+"$root/scripts/cluster.sh" start "$dir" "$port" || { echo "examples: 0 passed, 1 failed"; exit 1; }
+psql -X -q -h "$dir/socket" -p "$port" -U postgres -d postgres -c "CREATE EXTENSION idempotency" ||
+    { echo "examples: 0 passed, 1 failed"; exit 1; }
+export DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
+log=$(mktemp)
+
+echo "== python"
+timeout 120 /usr/bin/python3 "$ex/python/example.py" 2>&1 | tee "$log"
+tally python "$log" "${PIPESTATUS[0]}"
+
+if [ "$node_ok" = 1 ]; then
+    echo "== node"
+    (cd "$ex/node" && timeout 120 node example.js) 2>&1 | tee "$log"
+    tally node "$log" "${PIPESTATUS[0]}"
+fi
+
+if [ "$rust_ok" = 1 ]; then
+    echo "== rust"
+    timeout 120 "$ex/rust/target/debug/idempotency-example-rust" 2>&1 | tee "$log"
+    tally rust "$log" "${PIPESTATUS[0]}"
+fi
+rm -f "$log"
+
+echo "examples: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -7,6 +7,8 @@
 #   5. the dead-worker completer example's self-test (examples/completer.py --self-test)
 #   6. a 20 s stress run of 32 sessions with killed backends and one server crash
 #      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
+#   7. the example service end to end (tests/e2e/run.sh) and the client examples
+#      (tests/clients/run_examples.sh)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -111,6 +113,10 @@ stress() {
     return $status
 }
 run stress stress
+
+# The example HTTP service under real faults, and the client examples in other languages.
+run e2e tests/e2e/run.sh
+run client-examples tests/clients/run_examples.sh
 
 echo
 if [ ${#broken[@]} -gt 0 ]; then

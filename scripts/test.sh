@@ -9,6 +9,7 @@
 #      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
 #   7. the example service end to end (tests/e2e/run.sh) and the client examples
 #      (tests/clients/run_examples.sh)
+#   8. Citus, where it is installed (tests/citus/run.sh; skipped with a message otherwise)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -117,6 +118,9 @@ run stress stress
 # The example HTTP service under real faults, and the client examples in other languages.
 run e2e tests/e2e/run.sh
 run client-examples tests/clients/run_examples.sh
+
+# Citus: coordinator and two workers; skipped with a message where Citus is not installed.
+run citus tests/citus/run.sh
 
 echo
 if [ ${#broken[@]} -gt 0 ]; then

@@ -1,0 +1,691 @@
+#!/usr/bin/python3
+"""The idempotency extension on Citus, checked through the coordinator.
+
+    /usr/bin/python3 tests/citus/check.py --coordinator CONNINFO --worker CONNINFO --worker CONNINFO
+
+Run by tests/citus/run.sh, which starts a coordinator and two workers on loopback, creates
+the extension on each and calls idempotency.distribute(). Prints one line per check
+("ok   ..." or "FAIL ...: why") and last "summary passed=N failed=M" (run.sh turns it
+into its closing line); exits 1 on a failure.
+
+Sections:
+  distribution   both tables hash-distributed by scope and colocated; the scope-first
+                 functions delegated; two scopes stored on two different workers
+  contract       every outcome and SQLSTATE through the coordinator, once as single calls
+                 in autocommit (delegated to the worker) and once inside a transaction
+                 block (run on the coordinator, statements routed to the worker)
+  null scope     a NULL scope gives 22004 from every scope-first function, as a literal and
+                 as a bound parameter, and the coordinator does not restart
+  settings       session settings in both paths; ALTER ROLE ... SET reaches the workers
+  concurrency    20 connections claim one key at once: exactly one claimed
+  maintenance    idem_sweep / idem_sweep_all / idem_reclaim_stale across both workers, and
+                 neither ever deletes or takes over a record that a claim is replacing
+  statements     the Citus-safe replacement statements (STATEMENTS below), run as prepared
+                 statements on both workers' data
+"""
+
+import argparse
+import threading
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+passed = 0
+failed = 0
+
+# Why a check fails on a build that still has the single-server statements / no guard.
+NEEDS_REPLACEMENT = ("needs the Citus-safe sweep/reclaim statements: this build runs "
+                     "SELECT ... FOR UPDATE SKIP LOCKED across shards (Citus: 0A000)")
+NEEDS_GUARD = ("needs the NULL-scope guard (idempotency.idem_scope_support attached to the "
+               "scope-first functions): without it distribute() does not delegate")
+
+# The statements handed over for idem_sweep and idem_reclaim_stale on distributed tables.
+# $n are the same parameters as the single-server statements in src/maintenance.rs.
+STATEMENTS = {
+    # $1 now, $2 max rows
+    "PICK_EXPIRED_KEYS": (
+        "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(key) "
+        "FROM (SELECT scope, key FROM idempotency.keys "
+        "WHERE expires_at OPERATOR(pg_catalog.<=) $1 "
+        "ORDER BY expires_at LIMIT $2) AS picked",
+        "timestamptz, bigint"),
+    # $1 scopes, $2 keys, $3 now
+    "DELETE_PICKED_KEYS": (
+        "DELETE FROM idempotency.keys AS t "
+        "USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) "
+        "WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) "
+        "AND t.scope OPERATOR(pg_catalog.=) picked.scope "
+        "AND t.key OPERATOR(pg_catalog.=) picked.id "
+        "AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+        "text[], text[], timestamptz"),
+    "PICK_EXPIRED_MESSAGES": (
+        "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(message_id) "
+        "FROM (SELECT scope, message_id FROM idempotency.messages "
+        "WHERE expires_at OPERATOR(pg_catalog.<=) $1 "
+        "ORDER BY expires_at LIMIT $2) AS picked",
+        "timestamptz, bigint"),
+    "DELETE_PICKED_MESSAGES": (
+        "DELETE FROM idempotency.messages AS t "
+        "USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) "
+        "WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) "
+        "AND t.scope OPERATOR(pg_catalog.=) picked.scope "
+        "AND t.message_id OPERATOR(pg_catalog.=) picked.id "
+        "AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+        "text[], text[], timestamptz"),
+    # $1 now, $2 max rows
+    "STALE": (
+        "SELECT scope, key, token, attempts FROM idempotency.keys "
+        "WHERE status OPERATOR(pg_catalog.=) 'in_progress' "
+        "AND locked_until OPERATOR(pg_catalog.<=) $1 "
+        "AND expires_at OPERATOR(pg_catalog.>) $1 "
+        "ORDER BY locked_until LIMIT $2",
+        "timestamptz, bigint"),
+    # Unchanged from src/maintenance.rs (single-shard, fenced): listed so they are run here too.
+    "RELEASE_STALE": (
+        "DELETE FROM idempotency.keys "
+        "WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 "
+        "AND token OPERATOR(pg_catalog.=) $3 "
+        "AND status OPERATOR(pg_catalog.=) 'in_progress' "
+        "AND locked_until OPERATOR(pg_catalog.<=) $4 "
+        "AND expires_at OPERATOR(pg_catalog.>) $4 "
+        "RETURNING recovery_point, recovery_data",
+        "text, text, uuid, timestamptz"),
+    "TAKE_OVER_STALE": (
+        "UPDATE idempotency.keys SET token = $5, attempts = $6, locked_until = $7, updated_at = $4 "
+        "WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 "
+        "AND token OPERATOR(pg_catalog.=) $3 "
+        "AND status OPERATOR(pg_catalog.=) 'in_progress' "
+        "AND locked_until OPERATOR(pg_catalog.<=) $4 "
+        "AND expires_at OPERATOR(pg_catalog.>) $4 "
+        "RETURNING recovery_point, recovery_data",
+        "text, text, uuid, timestamptz, uuid, int, timestamptz"),
+}
+
+SCOPE_FIRST = {  # the scope-first functions, called with a scope of %s
+    "idem_claim": "idempotency.idem_claim(%s, 'k')",
+    "idem_complete": "idempotency.idem_complete(%s, 'k', '00000000-0000-0000-0000-000000000000', 200)",
+    "idem_checkpoint": "idempotency.idem_checkpoint(%s, 'k', '00000000-0000-0000-0000-000000000000', 'p')",
+    "idem_release": "idempotency.idem_release(%s, 'k', '00000000-0000-0000-0000-000000000000')",
+    "idem_lookup": "idempotency.idem_lookup(%s, 'k')",
+    "idem_seen": "idempotency.idem_seen(%s, 'm')",
+}
+
+
+def check(name, ok, why="", needs=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"ok   {name}", flush=True)
+    else:
+        failed += 1
+        extra = f" [{needs}]" if needs else ""
+        print(f"FAIL {name}: {why}{extra}", flush=True)
+
+
+def sqlstate_of(conn, sql, params=None):
+    """None when the statement succeeds, else its SQLSTATE."""
+    try:
+        conn.execute(sql, params)
+        return None
+    except psycopg.errors.DatabaseError as e:
+        if isinstance(e, psycopg.OperationalError) and e.sqlstate is None:
+            raise
+        return e.sqlstate
+
+
+NOW = sql.SQL("now()")
+
+
+def run_prepared(conn, name, *args):
+    """EXECUTE name(args) with the arguments as literals: the statement was PREPAREd with
+    typed parameters, as SPI prepares the extension's statements (a utility EXECUTE cannot
+    take bound parameters)."""
+    call = sql.SQL("EXECUTE {}({})").format(
+        sql.Identifier(name), sql.SQL(", ").join(a if isinstance(a, sql.Composable) else sql.Literal(a) for a in args))
+    return conn.execute(call)
+
+
+def connect(conninfo, **kw):
+    return psycopg.connect(conninfo, autocommit=True, **kw)
+
+
+class Cluster:
+    def __init__(self, coordinator, workers):
+        self.coord_info = coordinator
+        self.worker_infos = workers
+        self.c = connect(coordinator)
+        self.tag = uuid.uuid4().hex[:8]
+        # node port -> conninfo of that worker
+        self.workers = {}
+        for info in workers:
+            with connect(info) as w:
+                self.workers[w.execute("SELECT current_setting('port')::int").fetchone()[0]] = info
+
+    def node_of(self, scope, table="idempotency.keys"):
+        """Port of the worker that holds the shard of scope."""
+        return self.c.execute(
+            "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid) "
+            "WHERE p.shardid = get_shard_id_for_distribution_column(%s::regclass, %s::text)",
+            (table, scope)).fetchone()[0]
+
+    def scopes_on_each_worker(self, prefix, per_worker):
+        """per_worker scopes held by each worker: {port: [scope, ...]}."""
+        found = {port: [] for port in self.workers}
+        i = 0
+        while any(len(v) < per_worker for v in found.values()):
+            scope = f"{prefix}-{self.tag}-{i}"
+            port = self.node_of(scope)
+            if port in found and len(found[port]) < per_worker:
+                found[port].append(scope)
+            i += 1
+        return found
+
+    def scope(self, name):
+        return f"{name}-{self.tag}"
+
+
+def pushed_down(conn, sql, params=None):
+    """Runs sql with client_min_messages = debug1; True when Citus delegated the call."""
+    notes = []
+
+    def handler(d):
+        notes.append(d.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    try:
+        conn.execute("SET client_min_messages = debug1")
+        try:
+            conn.execute(sql, params).fetchall()
+        except psycopg.errors.DatabaseError as e:  # IK002 and such: the notice came first
+            if isinstance(e, psycopg.OperationalError) and e.sqlstate is None:
+                raise
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.remove_notice_handler(handler)
+    return any("pushing down the function call" in n for n in notes)
+
+
+# ---------------------------------------------------------------------------------------
+
+def distribution(cl):
+    rows = cl.c.execute(
+        "SELECT logicalrelid::text, partmethod, column_to_column_name(logicalrelid, partkey), colocationid "
+        "FROM pg_dist_partition WHERE logicalrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass) "
+        "ORDER BY 1").fetchall()
+    check("keys and messages are hash-distributed by scope",
+          [(r[0], r[1], r[2]) for r in rows] == [("idempotency.keys", "h", "scope"), ("idempotency.messages", "h", "scope")],
+          f"pg_dist_partition has {rows}")
+    check("keys and messages are colocated", len(rows) == 2 and rows[0][3] == rows[1][3], f"{rows}")
+
+    delegated = cl.c.execute(
+        "SELECT p.proname::text, d.distribution_argument_index, "
+        "       d.colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idempotency.keys'::regclass) "
+        "FROM pg_proc p LEFT JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
+        "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' ORDER BY 1").fetchall()
+    check("the six scope-first functions are delegated by scope, colocated with the tables",
+          len(delegated) == 6 and all(r[1] == 0 and r[2] for r in delegated),
+          f"{delegated}", NEEDS_GUARD)
+
+    on = cl.scopes_on_each_worker("place", 1)
+    (p1, (s1,)), (p2, (s2,)) = sorted(on.items())
+    for s in (s1, s2):
+        cl.c.execute("SELECT idempotency.idem_claim(%s, 'k')", (s,))
+    seen = {}
+    for port, info in cl.workers.items():
+        with connect(info) as w:
+            for s in (s1, s2):
+                shard = cl.c.execute("SELECT shard_name('idempotency.keys', get_shard_id_for_distribution_column('idempotency.keys', %s::text))",
+                                     (s,)).fetchone()[0]
+                exists = w.execute("SELECT to_regclass(%s) IS NOT NULL", (shard,)).fetchone()[0]
+                n = w.execute(f"SELECT count(*) FROM {shard} WHERE scope = %s", (s,)).fetchone()[0] if exists else 0
+                seen[(port, s)] = n
+    check(f"two scopes land on different workers ({s1} on {p1}, {s2} on {p2}), each row only there",
+          seen == {(p1, s1): 1, (p1, s2): 0, (p2, s1): 0, (p2, s2): 1}, f"rows per (worker, scope): {seen}")
+
+
+def contract(cl, path):
+    """path 'autocommit': one call per statement (delegated); 'transaction': inside BEGIN/COMMIT."""
+    c = cl.c
+    s = cl.scope(f"contract-{path}")
+    label = f"[{path}]"
+
+    def call(sql, params=None):
+        if path == "transaction":
+            with c.transaction():
+                return c.execute(sql, params).fetchall()
+        return c.execute(sql, params).fetchall()
+
+    def state(sql, params=None):
+        if path == "transaction":
+            try:
+                with c.transaction():
+                    c.execute(sql, params)
+                return None
+            except psycopg.errors.DatabaseError as e:
+                return e.sqlstate
+        return sqlstate_of(c, sql, params)
+
+    if path == "autocommit":
+        not_pushed = [name for name, expr in SCOPE_FIRST.items()
+                      if not pushed_down(c, "SELECT " + expr, (s,))]
+        check(f"{label} a single call of each scope-first function is delegated to the worker",
+              not not_pushed, f"not delegated: {not_pushed}", NEEDS_GUARD)
+
+    r = call("SELECT outcome, token, http_status, attempts FROM idempotency.idem_claim(%s, 'k1', 'fp1')", (s,))[0]
+    check(f"{label} claimed", r[0] == "claimed" and r[1] is not None and r[2] is None and r[3] == 1, f"{r}")
+    tok = r[1]
+    r = call("SELECT outcome, token, http_status FROM idempotency.idem_claim(%s, 'k1', 'fp1')", (s,))[0]
+    check(f"{label} in_progress (409, no token)", r == ("in_progress", None, 409), f"{r}")
+    r = call("SELECT outcome, http_status FROM idempotency.idem_claim(%s, 'k1', 'fp2')", (s,))[0]
+    check(f"{label} mismatch (422)", r == ("mismatch", 422), f"{r}")
+    r = call("SELECT idempotency.idem_checkpoint(%s, 'k1', %s, 'step1', %s) > now()", (s, tok, Jsonb({"a": 1})))[0]
+    check(f"{label} checkpoint with the owner's token renews the lease", r == (True,), f"{r}")
+    st = state("SELECT idempotency.idem_checkpoint(%s, 'k1', %s, 'x')", (s, uuid.uuid4()))
+    check(f"{label} checkpoint with another token: IK002", st == "IK002", f"got {st}")
+    st = state("SELECT idempotency.idem_complete(%s, 'k1', %s, 201)", (s, uuid.uuid4()))
+    check(f"{label} complete with another token: IK002", st == "IK002", f"got {st}")
+    st = state("SELECT idempotency.idem_complete(%s, 'never-claimed', %s, 201)", (s, uuid.uuid4()))
+    check(f"{label} complete of an unknown key: IK001", st == "IK001", f"got {st}")
+    st = state("SELECT idempotency.idem_complete(%s, 'k1', %s, 201, %s, %s)",
+               (s, tok, Jsonb({"id": "ch_1"}), Jsonb({"Location": "/charges/ch_1"})))
+    check(f"{label} complete with the owner's token", st is None, f"got {st}")
+    st = state("SELECT idempotency.idem_complete(%s, 'k1', %s, 201)", (s, tok))
+    check(f"{label} complete again: IK003", st == "IK003", f"got {st}")
+    st = state("SELECT idempotency.idem_checkpoint(%s, 'k1', %s, 'late')", (s, tok))
+    check(f"{label} checkpoint after completion: IK003", st == "IK003", f"got {st}")
+    r = call("SELECT outcome, http_status, response_status, response_body, response_headers "
+             "FROM idempotency.idem_claim(%s, 'k1', 'fp1')", (s,))[0]
+    check(f"{label} replay of the stored response",
+          r == ("replay", 201, 201, {"id": "ch_1"}, {"Location": "/charges/ch_1"}), f"{r}")
+    r = call("SELECT key, status, response_status FROM idempotency.idem_lookup(%s, 'k1')", (s,))
+    check(f"{label} lookup returns the live record", r == [("k1", "completed", 201)], f"{r}")
+    r = call("SELECT count(*) FROM idempotency.idem_lookup(%s, 'nothing-here')", (s,))
+    check(f"{label} lookup of an unknown key returns no row", r == [(0,)], f"{r}")
+
+    tok2 = call("SELECT token FROM idempotency.idem_claim(%s, 'k2')", (s,))[0][0]
+    r = call("SELECT idempotency.idem_release(%s, 'k2', %s)", (s, uuid.uuid4()))
+    check(f"{label} release with another token: false", r == [(False,)], f"{r}")
+    r = call("SELECT idempotency.idem_release(%s, 'k2', %s)", (s, tok2))
+    check(f"{label} release with the owner's token: true", r == [(True,)], f"{r}")
+    r = call("SELECT outcome FROM idempotency.idem_claim(%s, 'k2')", (s,))
+    check(f"{label} a released key is claimed anew", r == [("claimed",)], f"{r}")
+
+    tok3 = call("SELECT token FROM idempotency.idem_claim(%s, 'k3', lease => '1 ms')", (s,))[0][0]
+    call("SELECT idempotency.idem_checkpoint(%s, 'k3', %s, 'half-way', %s, lease => '1 ms')", (s, tok3, Jsonb({"n": 1})))
+    time.sleep(0.05)
+    r = call("SELECT outcome, token <> %s, attempts, recovery_point, recovery_data "
+             "FROM idempotency.idem_claim(%s, 'k3')", (tok3, s))[0]
+    check(f"{label} reclaimed after the lease ended, with the checkpoint",
+          r == ("reclaimed", True, 2, "half-way", {"n": 1}), f"{r}")
+    st = state("SELECT idempotency.idem_complete(%s, 'k3', %s, 200)", (s, tok3))
+    check(f"{label} the old owner's late complete: IK002", st == "IK002", f"got {st}")
+
+    call("SELECT idempotency.idem_claim(%s, 'k4', 'old', ttl => '1 ms')", (s,))
+    time.sleep(0.05)
+    r = call("SELECT outcome, attempts FROM idempotency.idem_claim(%s, 'k4', 'new')", (s,))[0]
+    check(f"{label} an expired record is replaced (claimed, attempts 1)", r == ("claimed", 1), f"{r}")
+
+    r = call("SELECT idempotency.idem_seen(%s, 'm1')", (s,)) + call("SELECT idempotency.idem_seen(%s, 'm1')", (s,))
+    check(f"{label} seen: true the first time, false for a duplicate", r == [(True,), (False,)], f"{r}")
+    st = state("SELECT idempotency.idem_claim(%s, '')", (s,))
+    check(f"{label} an empty key: 22023", st == "22023", f"got {st}")
+
+
+def null_scope(cl):
+    c = cl.c
+    started = c.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    bad = []
+    for name, expr in SCOPE_FIRST.items():
+        for form, sql, params in (("literal", "SELECT " + expr % "NULL", None),
+                                  ("FROM", "SELECT * FROM " + expr % "NULL", None),
+                                  ("parameter", "SELECT " + expr, (None,))):
+            try:
+                st = sqlstate_of(c, sql, params)
+            except psycopg.OperationalError as e:
+                check("a NULL scope does not crash the coordinator", False,
+                      f"{name} ({form}) lost the connection: {e}".replace("\n", " "))
+                time.sleep(5)
+                cl.c = connect(cl.coord_info)
+                return
+            if st != "22004":
+                bad.append((name, form, st))
+    check("a NULL scope gives 22004 from every scope-first function (literal, FROM, bound parameter)",
+          not bad, f"{bad}")
+    now = c.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    check("the coordinator did not restart", now == started, f"started {started}, now {now}")
+
+
+def settings(cl):
+    c = cl.c
+    s = cl.scope("settings")
+    c.execute("SET idempotency.default_ttl = '1h'")
+    try:
+        with c.transaction():
+            r = c.execute("SELECT expires_at - now() FROM idempotency.idem_claim(%s, 'tx')", (s,)).fetchone()[0]
+        check("in a transaction block (run on the coordinator) the session's default_ttl applies",
+              str(r) == "1:00:00", f"ttl {r}")
+        r = c.execute("SELECT expires_at - now() FROM idempotency.idem_claim(%s, 'auto')", (s,)).fetchone()[0]
+        delegated = pushed_down(c, "SELECT outcome FROM idempotency.idem_claim(%s, 'auto2')", (s,))
+        print(f"info a single call {'(delegated)' if delegated else '(not delegated)'} with SET "
+              f"idempotency.default_ttl = '1h' in the session stored a ttl of {r}", flush=True)
+    finally:
+        c.execute("RESET idempotency.default_ttl")
+    c.execute("ALTER ROLE postgres SET idempotency.default_lease = '7min'")
+    try:
+        got = {}
+        for port, info in cl.workers.items():
+            with connect(info) as w:
+                got[port] = w.execute(
+                    "SELECT array_to_string(setconfig, ',') FROM pg_db_role_setting "
+                    "WHERE setrole = 'postgres'::regrole AND setdatabase = 0").fetchone()
+        check("ALTER ROLE ... SET on the coordinator reaches every worker",
+              all(v == ("idempotency.default_lease=7min",) for v in got.values()), f"{got}")
+    finally:
+        c.execute("ALTER ROLE postgres RESET idempotency.default_lease")
+
+
+def concurrency(cl):
+    n = 20
+    for mode in ("autocommit", "transaction"):
+        s = cl.scope(f"race-{mode}")
+        conns = [connect(cl.coord_info) for _ in range(n)]
+        barrier = threading.Barrier(n)
+        outcomes = [None] * n
+
+        def worker(i):
+            conn = conns[i]
+            try:
+                barrier.wait()
+                if mode == "autocommit":
+                    outcomes[i] = conn.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'one')", (s,)).fetchone()[0]
+                else:
+                    with conn.transaction():
+                        o, tok = conn.execute("SELECT outcome, token FROM idempotency.idem_claim(%s, 'one')", (s,)).fetchone()
+                        if o == "claimed":
+                            time.sleep(0.3)  # the others wait on the unique index meanwhile
+                            conn.execute("SELECT idempotency.idem_complete(%s, 'one', %s, 201)", (s, tok))
+                    outcomes[i] = o
+            except Exception as e:  # noqa: BLE001 - reported as the outcome
+                outcomes[i] = f"error: {e}"
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for conn in conns:
+            conn.close()
+        counts = {o: outcomes.count(o) for o in set(outcomes)}
+        rest = "in_progress" if mode == "autocommit" else "replay"
+        check(f"20 connections claim one key at once ({mode}): exactly one claimed, {n - 1} {rest}",
+              counts == {"claimed": 1, rest: n - 1}, f"{counts}")
+
+
+def maintenance(cl):
+    c = cl.c
+    # Expired rows (keys and messages) and live rows on both workers.
+    on = cl.scopes_on_each_worker("sweep", 3)
+    scopes = [s for v in on.values() for s in v]
+    for s in scopes:
+        for i in range(5):
+            c.execute("SELECT idempotency.idem_claim(%s, %s, ttl => '1 ms')", (s, f"old-{i}"))
+            c.execute("SELECT idempotency.idem_seen(%s, %s, ttl => '1 ms')", (s, f"old-{i}"))
+        c.execute("SELECT idempotency.idem_claim(%s, 'live')", (s,))
+        c.execute("SELECT idempotency.idem_seen(%s, 'live')", (s,))
+    time.sleep(0.05)
+
+    def expired_per_worker():
+        out = {}
+        for port, ss in on.items():
+            out[port] = c.execute(
+                "SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND expires_at <= now()) + "
+                "(SELECT count(*) FROM idempotency.messages WHERE scope = ANY(%s) AND expires_at <= now())",
+                (ss, ss)).fetchone()[0]
+        return out
+
+    before = expired_per_worker()
+    check("expired rows on both workers before the sweep", all(v == 30 for v in before.values()), f"{before}")
+    total = sum(before.values())
+    swept = True
+    try:
+        r = c.execute("SELECT idempotency.idem_sweep(10)").fetchone()[0]
+        check("idem_sweep(10) deletes 10 rows across shards", r == 10, f"returned {r}")
+        r = c.execute("SELECT idempotency.idem_sweep()").fetchone()[0]
+        check("idem_sweep() deletes the rest", r == total - 10, f"returned {r}, expected {total - 10}")
+    except psycopg.errors.DatabaseError as e:
+        swept = False
+        check("idem_sweep across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
+    after = expired_per_worker()
+    check("no expired row left on either worker", all(v == 0 for v in after.values()), f"{after}",
+          "" if swept else NEEDS_REPLACEMENT)
+    live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key = 'live'", (scopes,)).fetchone()[0]
+    check("the sweep left every live record", live == len(scopes), f"{live} of {len(scopes)}")
+
+    for s in scopes:
+        c.execute("SELECT idempotency.idem_claim(%s, 'old-all', ttl => '1 ms')", (s,))
+    time.sleep(0.05)
+    try:
+        c.execute("CALL idempotency.idem_sweep_all(2)")
+        left = c.execute("SELECT count(*) FROM idempotency.keys WHERE expires_at <= now() AND scope = ANY(%s)", (scopes,)).fetchone()[0]
+        check("CALL idem_sweep_all(2) empties the backlog on both workers", left == 0, f"{left} left")
+    except psycopg.errors.DatabaseError as e:
+        check("CALL idem_sweep_all across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
+
+    # Stale claims on both workers.
+    on = cl.scopes_on_each_worker("stale", 2)
+    scopes = [s for v in on.values() for s in v]
+    old = {}
+    for s in scopes:
+        old[s] = c.execute("SELECT token FROM idempotency.idem_claim(%s, 'st', lease => '1 ms')", (s,)).fetchone()[0]
+    time.sleep(0.05)
+    try:
+        rows = c.execute("SELECT scope, token, attempts FROM idempotency.idem_reclaim_stale(100, release => false, lease => '1 ms') "
+                         "WHERE scope = ANY(%s)", (scopes,)).fetchall()
+        check("idem_reclaim_stale(release => false) takes over the stale claims on both workers",
+              sorted(r[0] for r in rows) == sorted(scopes) and all(r[1] != old[r[0]] and r[2] == 2 for r in rows), f"{rows}")
+        owners = c.execute("SELECT scope, token FROM idempotency.keys WHERE scope = ANY(%s)", (scopes,)).fetchall()
+        check("the new tokens own the records", sorted(owners) == sorted((r[0], r[1]) for r in rows), f"{owners}")
+        time.sleep(0.05)
+        rows = c.execute("SELECT scope FROM idempotency.idem_reclaim_stale(100) WHERE scope = ANY(%s)", (scopes,)).fetchall()
+        left = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s)", (scopes,)).fetchone()[0]
+        check("idem_reclaim_stale() releases the stale claims on both workers",
+              sorted(r[0] for r in rows) == sorted(scopes) and left == 0, f"{rows}, {left} left")
+    except psycopg.errors.DatabaseError as e:
+        check("idem_reclaim_stale across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
+
+    # Against a claim replacing / taking over the same record in an open transaction.
+    race_with_claim(cl, "sweep", "SELECT idempotency.idem_sweep()")
+    race_with_claim(cl, "reclaim", "SELECT count(*) FROM idempotency.idem_reclaim_stale()")
+
+
+def race_with_claim(cl, what, maintenance_sql, statements=False):
+    """A claim replaces (sweep) or takes over (reclaim) a record inside an open transaction;
+    the maintenance call runs meanwhile. It may wait for the claim (Citus) or skip the row,
+    but the record must survive with the claim's token."""
+    c = cl.c
+    s = cl.scope(f"race-{what}-{'stmt' if statements else 'fn'}")
+    if what == "sweep":
+        c.execute("SELECT idempotency.idem_claim(%s, 'r', ttl => '1 ms')", (s,))
+    else:
+        c.execute("SELECT idempotency.idem_claim(%s, 'r', lease => '1 ms')", (s,))
+    time.sleep(0.05)
+    a = connect(cl.coord_info)
+    b = connect(cl.coord_info)
+    result = {}
+    try:
+        a.execute("BEGIN")
+        o, tok = a.execute("SELECT outcome, token FROM idempotency.idem_claim(%s, 'r')", (s,)).fetchone()
+        expected = "claimed" if what == "sweep" else "reclaimed"
+
+        def run():
+            try:
+                if statements:
+                    result["value"] = maintenance_sql(b)
+                else:
+                    b.execute("SET lock_timeout = '20s'")
+                    result["value"] = b.execute(maintenance_sql).fetchone()
+            except Exception as e:  # noqa: BLE001
+                result["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(1.0)
+        waited = t.is_alive()
+        a.execute("COMMIT")
+        t.join(30)
+        row = c.execute("SELECT token, status FROM idempotency.keys WHERE scope = %s AND key = 'r'", (s,)).fetchone()
+        name = (f"{'statements' if statements else 'idem_' + ('sweep' if what == 'sweep' else 'reclaim_stale')}"
+                f" during a claim {'replacing an expired' if what == 'sweep' else 'taking over a stale'} record "
+                f"({'waited for it' if waited else 'did not wait'}): the claim keeps it")
+        if "error" in result:
+            e = result["error"]
+            check(name, False, f"{getattr(e, 'sqlstate', '')}: {e}".strip(),
+                  "" if statements else NEEDS_REPLACEMENT)
+        else:
+            check(name, o == expected and row == (tok, "in_progress"), f"claim said {o}, record now {row}")
+    finally:
+        a.close()
+        b.close()
+
+
+def statements(cl):
+    """The replacement statements, prepared and executed more than five times (so that a
+    generic plan would be tried) on rows held by both workers."""
+    c = cl.c
+    for name, (text, types) in STATEMENTS.items():
+        c.execute(f"PREPARE {name.lower()}({types}) AS {text}")
+    on = cl.scopes_on_each_worker("stmt", 4)
+    scopes = [s for v in on.values() for s in v]
+    for s in scopes:
+        c.execute("SELECT idempotency.idem_claim(%s, 'old', ttl => '1 ms')", (s,))
+        c.execute("SELECT idempotency.idem_seen(%s, 'old', ttl => '1 ms')", (s,))
+        c.execute("SELECT idempotency.idem_claim(%s, 'stale', lease => '1 ms')", (s,))
+        c.execute("SELECT idempotency.idem_claim(%s, 'live')", (s,))
+    time.sleep(0.05)
+    # Other expired rows (from other sections) may exist: the budget is what is checked.
+    deleted_keys = deleted_msgs = 0
+    for _ in range(8):
+        with c.transaction():
+            scs, ids = run_prepared(c, "pick_expired_keys", NOW, 1).fetchone()
+            if scs:
+                deleted_keys += run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount
+            scs, ids = run_prepared(c, "pick_expired_messages", NOW, 1).fetchone()
+            if scs:
+                deleted_msgs += run_prepared(c, "delete_picked_messages", scs, ids, NOW).rowcount
+    check("PICK_EXPIRED_* + DELETE_PICKED_*: one row per batch, 8 batches, on keys and messages",
+          (deleted_keys, deleted_msgs) == (8, 8), f"deleted {deleted_keys} keys, {deleted_msgs} messages")
+    with c.transaction():
+        scs, ids = run_prepared(c, "pick_expired_keys", NOW, 100000).fetchone()
+        n = run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount if scs else 0
+        scs, ids = run_prepared(c, "pick_expired_messages", NOW, 100000).fetchone()
+        m = run_prepared(c, "delete_picked_messages", scs, ids, NOW).rowcount if scs else 0
+    left = c.execute("SELECT (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now()) + "
+                     "(SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())").fetchone()[0]
+    live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key IN ('live', 'stale')", (scopes,)).fetchone()[0]
+    check("a large batch deletes every remaining expired row on both workers, and only those",
+          left == 0 and live == 2 * len(scopes) and n >= 0 and m >= 0, f"{left} expired left, {live} live of {2 * len(scopes)}")
+    # A picked row that a claim replaced meanwhile is not deleted (the re-check).
+    s = scopes[0]
+    c.execute("SELECT idempotency.idem_claim(%s, 'again', ttl => '1 ms')", (s,))
+    time.sleep(0.05)
+    scs, ids = run_prepared(c, "pick_expired_keys", NOW, 100000).fetchone()
+    c.execute("SELECT idempotency.idem_claim(%s, 'again')", (s,))  # replaces it, committed
+    n = run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount
+    r = c.execute("SELECT status FROM idempotency.keys WHERE scope = %s AND key = 'again'", (s,)).fetchone()
+    check("DELETE_PICKED_KEYS re-checks expiry: a picked record replaced since is kept", n == 0 and r == ("in_progress",),
+          f"deleted {n}, record {r}")
+
+    stale = run_prepared(c, "stale", NOW, 100000).fetchall()
+    mine = sorted(r[0] for r in stale if r[0] in scopes)
+    check("STALE finds the stale claims on both workers", mine == sorted(scopes), f"{mine}")
+    stale = [r for r in stale if r[0] in scopes]
+    half = len(stale) // 2
+    moved = released = 0
+    for i, (sc, key, tok, attempts) in enumerate(stale):
+        with c.transaction():
+            if i < half:
+                moved += len(run_prepared(c, "take_over_stale", sc, key, tok, NOW, uuid.uuid4(), attempts + 1,
+                                          sql.SQL("now() + interval '5 min'")).fetchall())
+            else:
+                released += len(run_prepared(c, "release_stale", sc, key, tok, NOW).fetchall())
+    check("TAKE_OVER_STALE / RELEASE_STALE act on every picked claim", (moved, released) == (half, len(stale) - half),
+          f"took over {moved}, released {released}")
+    # Fenced: the old token no longer matches.
+    sc, key, tok, attempts = stale[0]
+    n = len(run_prepared(c, "release_stale", sc, key, tok, NOW).fetchall())
+    check("RELEASE_STALE with a token that was taken over touches nothing", n == 0, f"{n} rows")
+
+    race_with_claim_statements(cl)
+    for name in STATEMENTS:
+        c.execute(f"DEALLOCATE {name.lower()}")
+
+
+def race_with_claim_statements(cl):
+    def prepare(conn):
+        for name, (text, types) in STATEMENTS.items():
+            conn.execute(f"PREPARE {name.lower()}({types}) AS {text}")
+
+    def sweep(conn):
+        prepare(conn)
+        with conn.transaction():
+            scs, ids = run_prepared(conn, "pick_expired_keys", NOW, 100000).fetchone()
+            return (run_prepared(conn, "delete_picked_keys", scs, ids, NOW).rowcount if scs else 0,)
+
+    def reclaim(conn):
+        prepare(conn)
+        with conn.transaction():
+            rows = run_prepared(conn, "stale", NOW, 100000).fetchall()
+            return (sum(len(run_prepared(conn, "release_stale", *r[:3], NOW).fetchall()) for r in rows),)
+
+    race_with_claim(cl, "sweep", sweep, statements=True)
+    race_with_claim(cl, "reclaim", reclaim, statements=True)
+
+
+def misc(cl):
+    c = cl.c
+    r = c.execute("SELECT idempotency.idem_fingerprint('{\"b\":1,\"a\":2}'::jsonb) = "
+                  "idempotency.idem_fingerprint('{ \"a\": 2, \"b\": 1.0 }'::jsonb)").fetchone()
+    check("idem_fingerprint on the coordinator", r == (True,), f"{r}")
+    try:
+        stats = c.execute("SELECT in_progress, completed, stale, expired FROM idempotency.stats").fetchone()
+        direct = c.execute(
+            "SELECT count(*) FILTER (WHERE status = 'in_progress' AND expires_at > now()), "
+            "count(*) FILTER (WHERE status = 'completed' AND expires_at > now()), "
+            "count(*) FILTER (WHERE status = 'in_progress' AND locked_until <= now() AND expires_at > now()), "
+            "count(*) FILTER (WHERE expires_at <= now()) FROM idempotency.keys").fetchone()
+        check("idempotency.stats counts the rows of every shard", stats == direct, f"stats {stats}, direct {direct}")
+    except psycopg.errors.DatabaseError as e:
+        check("idempotency.stats", False, f"{e.sqlstate}: {e}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--worker", action="append", required=True)
+    args = ap.parse_args()
+    cl = Cluster(args.coordinator, args.worker)
+    sections = [("distribution", distribution), ("contract autocommit", lambda x: contract(x, "autocommit")),
+                ("contract transaction", lambda x: contract(x, "transaction")), ("settings", settings),
+                ("concurrency", concurrency), ("statements", statements), ("maintenance", maintenance),
+                ("misc", misc), ("null scope", null_scope)]
+    for name, fn in sections:
+        print(f"-- {name}", flush=True)
+        try:
+            fn(cl)
+        except Exception as e:  # noqa: BLE001 - a section that breaks counts as one failure
+            check(f"section {name} ran to the end", False, f"{type(e).__name__}: {e}".replace("\n", " "))
+            try:
+                cl.c.close()
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(1)
+            cl.c = connect(cl.coord_info)
+    print(f"summary passed={passed} failed={failed}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

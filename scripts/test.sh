@@ -7,9 +7,10 @@
 #   5. the dead-worker completer example's self-test (examples/completer.py --self-test)
 #   6. a 20 s stress run of 32 sessions with killed backends and one server crash
 #      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
-#   7. the example service end to end (tests/e2e/run.sh) and the client examples
+#   7. security: privileges, RLS, search_path, dumps, a standby, huge input (tests/security/run.sh)
+#   8. the example service end to end (tests/e2e/run.sh) and the client examples
 #      (tests/clients/run_examples.sh)
-#   8. Citus, where it is installed (tests/citus/run.sh; skipped with a message otherwise)
+#   9. Citus, where it is installed (tests/citus/run.sh; skipped with a message otherwise)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -114,6 +115,9 @@ stress() {
     return $status
 }
 run stress stress
+
+# Privileges, row-level security, search_path hijacks, dump/restore, a hot standby, huge input.
+run security tests/security/run.sh
 
 # The example HTTP service under real faults, and the client examples in other languages.
 run e2e tests/e2e/run.sh

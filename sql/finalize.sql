@@ -54,7 +54,17 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF to_regnamespace('cron') IS NULL THEN
+    -- Only pg_cron's own cron.schedule: a schema named cron that someone else created (a
+    -- database owner can) must not get to run code as the caller, often a superuser.
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_depend AS d
+          JOIN pg_catalog.pg_extension AS e ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+           AND d.objid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('cron.schedule(text,text,text)')
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND e.extname OPERATOR(pg_catalog.=) 'pg_cron'
+    ) THEN
         RAISE EXCEPTION 'pg_cron is not installed in database %', current_database()
             USING ERRCODE = '55000',
                   HINT = 'Set shared_preload_libraries = ''pg_cron'' and cron.database_name = '''

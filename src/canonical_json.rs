@@ -1,7 +1,11 @@
 //! RFC 8785 (JSON Canonicalization Scheme) and SHA-256 fingerprints of JSON texts.
 //!
-//! The parser works bottom-up with an explicit stack and renders every value to its
-//! canonical text as soon as it is complete, so neither parsing nor output recurses.
+//! The parser works bottom-up with an explicit stack, so neither parsing nor output
+//! recurses. Work is linear in the size of the input: every scalar is written to its
+//! canonical text once, into one shared buffer; a finished container keeps its elements
+//! (moved, never copied) so that an object's members can be sorted by key; and the whole
+//! canonical text is written once at the end. No value's text is copied again for each
+//! container around it.
 
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -41,11 +45,14 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// (ignored when the top-level value is not an object).
 pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
     let mut p = Parser { text: json, pos: 0 };
+    // The canonical text of every scalar read, one after the other; values point into it.
+    let mut scalars = String::new();
     let mut stack: Vec<Frame> = Vec::new();
     loop {
         // Read one value. An opened non-empty container becomes a frame and we go
         // round again for its first element.
         p.skip_ws();
+        let start = scalars.len();
         let mut value = match p.peek() {
             Some(open @ (b'[' | b'{')) => {
                 if stack.len() >= MAX_DEPTH {
@@ -55,13 +62,13 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                 p.skip_ws();
                 if open == b'[' {
                     if p.eat(b']') {
-                        "[]".to_string()
+                        Value::Array(Vec::new())
                     } else {
                         stack.push(Frame::Array(Vec::new()));
                         continue;
                     }
                 } else if p.eat(b'}') {
-                    "{}".to_string()
+                    Value::Object(Vec::new())
                 } else {
                     let key = p.member_key()?;
                     stack.push(Frame::Object {
@@ -73,14 +80,16 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
             }
             Some(b'"') => {
                 let s = p.string()?;
-                let mut out = String::with_capacity(s.len() + 2);
-                write_string(&s, &mut out);
-                out
+                write_string(&s, &mut scalars);
+                Value::Text(start, scalars.len())
             }
-            Some(b'-' | b'0'..=b'9') => format_number(p.number()?),
-            Some(b't') => p.literal("true")?,
-            Some(b'f') => p.literal("false")?,
-            Some(b'n') => p.literal("null")?,
+            Some(b'-' | b'0'..=b'9') => {
+                write_number(p.number()?, &mut scalars);
+                Value::Text(start, scalars.len())
+            }
+            Some(b't') => p.literal("true", &mut scalars)?,
+            Some(b'f') => p.literal("false", &mut scalars)?,
+            Some(b'n') => p.literal("null", &mut scalars)?,
             Some(_) => return Err(p.error("unexpected character")),
             None => return Err(p.error("unexpected end of input")),
         };
@@ -93,7 +102,7 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                 if p.pos < p.text.len() {
                     return Err(p.error("trailing characters after json value"));
                 }
-                return Ok(value);
+                return Ok(render(value, &scalars));
             };
             p.skip_ws();
             match frame {
@@ -103,7 +112,7 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                         stack.push(Frame::Array(items));
                         break;
                     } else if p.eat(b']') {
-                        value = format!("[{}]", items.join(","));
+                        value = Value::Array(items);
                     } else {
                         return Err(p.error("expected ',' or ']'"));
                     }
@@ -116,7 +125,7 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                         break;
                     } else if p.eat(b'}') {
                         let dropped = if stack.is_empty() { ignore } else { &[] };
-                        value = render_object(members, dropped);
+                        value = Value::Object(sorted_members(members, dropped));
                     } else {
                         return Err(p.error("expected ',' or '}'"));
                     }
@@ -143,44 +152,106 @@ pub fn fingerprint_json(json: &str, ignore: &[&str]) -> Result<String, CanonErro
     Ok(sha256_tagged(canonicalize(json, ignore)?.as_bytes()))
 }
 
-/// A container still being read. Elements are kept already in canonical form.
+/// A value read completely, in canonical order but not yet written out.
+enum Value {
+    /// A scalar: its canonical text is `scalars[start..end]`.
+    Text(usize, usize),
+    Array(Vec<Value>),
+    /// Members sorted by key, duplicates and ignored keys already dropped; keys decoded.
+    Object(Vec<(String, Value)>),
+}
+
+/// A container still being read.
 enum Frame {
-    Array(Vec<String>),
+    Array(Vec<Value>),
     /// `key` is the (decoded) key whose value is being read.
     Object {
-        members: Vec<(String, String)>,
+        members: Vec<(String, Value)>,
         key: String,
     },
 }
 
-fn render_object(mut members: Vec<(String, String)>, ignore: &[&str]) -> String {
-    members.retain(|(key, _)| !ignore.contains(&key.as_str()));
+/// An object's members in canonical order: without the keys in `ignore`, sorted, and of
+/// duplicate keys only the last one read.
+fn sorted_members(mut members: Vec<(String, Value)>, ignore: &[&str]) -> Vec<(String, Value)> {
+    if !ignore.is_empty() {
+        members.retain(|(key, _)| !ignore.contains(&key.as_str()));
+    }
     // JCS orders keys by UTF-16 code units. The sort is stable, so among duplicate
     // keys the last one read comes last, and that is the one kept.
     members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-    let mut kept: Vec<(String, String)> = Vec::with_capacity(members.len());
-    for member in members {
-        if kept.last().is_some_and(|(key, _)| *key == member.0) {
-            kept.pop();
+    // `later` is dropped when it repeats the key of `kept`; its value, read later, moves
+    // into `kept` first.
+    members.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            std::mem::swap(&mut later.1, &mut kept.1);
         }
-        kept.push(member);
-    }
+        same
+    });
+    members
+}
 
-    let mut out = String::from("{");
-    for (i, (key, value)) in kept.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        write_string(key, &mut out);
-        out.push(':');
-        out.push_str(value);
+/// Writes the canonical text of `root`, once, without recursion.
+fn render(root: Value, scalars: &str) -> String {
+    enum Open {
+        Array(std::vec::IntoIter<Value>),
+        Object(std::vec::IntoIter<(String, Value)>),
     }
-    out.push('}');
-    out
+    // The output is the scalars' text plus punctuation and keys: a good first guess.
+    let mut out = String::with_capacity(scalars.len() + 2);
+    let mut open: Vec<(Open, bool)> = Vec::new(); // (container, no element written yet)
+    let mut next = Some(root);
+    loop {
+        match next.take() {
+            Some(Value::Text(start, end)) => out.push_str(&scalars[start..end]),
+            Some(Value::Array(items)) => {
+                out.push('[');
+                open.push((Open::Array(items.into_iter()), true));
+            }
+            Some(Value::Object(members)) => {
+                out.push('{');
+                open.push((Open::Object(members.into_iter()), true));
+            }
+            None => {}
+        }
+        let Some((container, first)) = open.last_mut() else {
+            return out;
+        };
+        match container {
+            Open::Array(items) => match items.next() {
+                Some(item) => {
+                    if !std::mem::replace(first, false) {
+                        out.push(',');
+                    }
+                    next = Some(item);
+                }
+                None => {
+                    out.push(']');
+                    open.pop();
+                }
+            },
+            Open::Object(members) => match members.next() {
+                Some((key, item)) => {
+                    if !std::mem::replace(first, false) {
+                        out.push(',');
+                    }
+                    write_string(&key, &mut out);
+                    out.push(':');
+                    next = Some(item);
+                }
+                None => {
+                    out.push('}');
+                    open.pop();
+                }
+            },
+        }
+    }
 }
 
 /// A string as ECMAScript's JSON.stringify writes it.
 fn write_string(s: &str, out: &mut String) {
+    out.reserve(s.len() + 2);
     out.push('"');
     for c in s.chars() {
         match c {
@@ -203,10 +274,11 @@ fn write_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
-/// A finite double as ECMAScript's Number.prototype.toString writes it.
-fn format_number(x: f64) -> String {
+/// A finite double as ECMAScript's Number.prototype.toString writes it, appended to `out`.
+fn write_number(x: f64, out: &mut String) {
     if x == 0.0 {
-        return "0".to_string(); // also -0
+        out.push('0'); // also -0
+        return;
     }
     // `{:e}` gives the shortest digits that round-trip, as "d.ddde-7" or "de21". When two
     // such digit strings are equally close to x it takes the upper one, but ECMAScript
@@ -226,7 +298,6 @@ fn format_number(x: f64) -> String {
     // value = digits × 10^(n − k)
     let n = exponent + 1;
 
-    let mut out = String::new();
     if x < 0.0 {
         out.push('-');
     }
@@ -253,7 +324,6 @@ fn format_number(x: f64) -> String {
         out.push(if n > 0 { '+' } else { '-' });
         out.push_str(&(n - 1).abs().to_string());
     }
-    out
 }
 
 /// Splits Rust's `{:e}` output such as "1.25e-7" into digits ("125") and exponent (-7).
@@ -310,12 +380,15 @@ impl Parser<'_> {
         Ok(key)
     }
 
-    fn literal(&mut self, word: &'static str) -> Result<String, CanonError> {
+    /// Reads `word` (true, false or null), which is its own canonical text.
+    fn literal(&mut self, word: &'static str, out: &mut String) -> Result<Value, CanonError> {
         if !self.text[self.pos..].starts_with(word) {
             return Err(self.error("invalid literal"));
         }
         self.pos += word.len();
-        Ok(word.to_string())
+        let start = out.len();
+        out.push_str(word);
+        Ok(Value::Text(start, out.len()))
     }
 
     /// Consumes one or more ASCII digits; false if there was none.
@@ -851,6 +924,121 @@ mod tests {
             CanonError::TooDeep.to_string(),
             "json nested deeper than 1000 levels"
         );
+    }
+
+    /// Counts the bytes this thread asks the allocator for (a realloc counts its new size,
+    /// as if it copied). Every way of copying a value's text again for each container
+    /// around it needs fresh memory for the copy, so this measures the copying work of
+    /// canonicalization without timing anything. Only in the unit-test binary.
+    mod work {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static ALLOCATED: Cell<u64> = const { Cell::new(0) };
+        }
+
+        fn count(bytes: usize) {
+            // try_with: the allocator may run while this thread's locals are torn down.
+            let _ = ALLOCATED.try_with(|n| n.set(n.get() + bytes as u64));
+        }
+
+        struct Counting;
+
+        // SAFETY: every call is passed on to the system allocator unchanged.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                count(layout.size());
+                System.alloc(layout)
+            }
+            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+                count(layout.size());
+                System.alloc_zeroed(layout)
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                count(new_size);
+                System.realloc(ptr, layout, new_size)
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                System.dealloc(ptr, layout)
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+
+        /// Runs `f` and returns its result with the bytes allocated meanwhile on this thread.
+        pub fn allocated_by<R>(f: impl FnOnce() -> R) -> (R, u64) {
+            let before = ALLOCATED.with(Cell::get);
+            let r = f();
+            (r, ALLOCATED.with(Cell::get) - before)
+        }
+    }
+
+    /// The work is linear in the input: a 1 MB string inside MAX_DEPTH levels of arrays,
+    /// of objects whose members must be reordered at every level, and of both mixed,
+    /// allocates a small multiple of the input (the quadratic version copied the string
+    /// once per level: about 2 GB here).
+    #[test]
+    fn work_is_linear_in_input_size_not_size_times_depth() {
+        let big = "x".repeat(1 << 20);
+        let depth = MAX_DEPTH - 1; // the innermost container holds the string
+        let cases = [
+            (
+                "arrays",
+                format!("[{}\"{big}\"{}]", "[".repeat(depth), "]".repeat(depth)),
+            ),
+            (
+                "objects needing a sort at every level",
+                format!("{}\"{big}\"{}", "{\"b\":".repeat(depth + 1), ",\"a\":1}".repeat(depth + 1)),
+            ),
+            (
+                "mixed, with escapes and a sibling at every level",
+                format!(
+                    "{}\"{big}\\n\"{}",
+                    "[0,{\"z\":".repeat(depth / 2),
+                    ",\"y\":[true,\"\\u00e9\"]}]".repeat(depth / 2)
+                ),
+            ),
+        ];
+        for (what, input) in cases {
+            let (canonical, allocated) = work::allocated_by(|| canonicalize(&input, &[]));
+            let canonical = canonical.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(canonical.len() >= big.len(), "{what}");
+            let budget = 16 * input.len() as u64;
+            assert!(
+                allocated <= budget,
+                "{what}: canonicalizing {} bytes allocated {allocated} bytes (budget {budget}): \
+                 values are being copied once per level again",
+                input.len()
+            );
+        }
+        // The counter does see copying: re-wrapping the string per level as the old code
+        // did allocates far past the budget (about 2 GB).
+        let (_, allocated) = work::allocated_by(|| {
+            let mut v = format!("\"{big}\"");
+            for _ in 0..depth {
+                v = format!("[{}]", [v].join(","));
+            }
+            v.len()
+        });
+        assert!(allocated > 16 * (big.len() as u64 + 2 * depth as u64));
+    }
+
+    /// The many-members case: 100k members given in reverse order. Sorting and keeping
+    /// them costs a bounded amount per member (a member copied once per other member,
+    /// as in an insertion into a sorted string, would cost about 100 GB).
+    #[test]
+    fn work_is_linear_for_wide_objects() {
+        let members: Vec<String> = (0..100_000).rev().map(|i| format!("\"k{i:06}\":\"v{i:07}\"")).collect();
+        let input = format!("{{{}}}", members.join(","));
+        let (canonical, allocated) = work::allocated_by(|| canonicalize(&input, &[]));
+        let canonical = canonical.expect("valid json");
+        assert!(canonical.starts_with("{\"k000000\":\"v0000000\",\"k000001\""));
+        assert_eq!(canonical.len(), input.len());
+        // Per 21-byte member: its decoded key, its slot in the members' Vec (which grows by
+        // doubling) and the stable sort's scratch space.
+        assert!(allocated <= 40 * input.len() as u64, "{allocated} bytes for {} bytes", input.len());
     }
 
     /// Property check with a small seeded generator (no extra dev-dependency): random

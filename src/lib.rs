@@ -4,6 +4,7 @@
 use pgrx::prelude::*;
 
 mod canonical_json;
+mod citus_guard;
 mod claim;
 mod errors;
 mod fingerprint;
@@ -15,6 +16,7 @@ mod seen;
 mod settings;
 mod spi;
 mod validate;
+#[cfg(test)] mod fuzz_tests;
 
 // In-process tests need a server: `cargo pgrx test` turns them on; plain `cargo test` runs the pure ones.
 #[cfg(feature = "pg_test")]
@@ -24,6 +26,11 @@ mod tests;
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+extension_sql_file!(
+    "../sql/citus.sql",
+    name = "citus",
+    requires = [idem_scope_support, idem_claim, idem_complete, idem_checkpoint, idem_release, idem_lookup, idem_seen]
+);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

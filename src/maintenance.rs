@@ -42,6 +42,97 @@ macro_rules! delete_picked {
     };
 }
 
+// On Citus, where the tables are distributed by scope, a multi-shard SELECT cannot lock
+// rows (0A000 "could not run distributed query with FOR UPDATE/SHARE commands"). There the
+// pick does not lock; the delete re-checks expiry under the row lock, so a record that a
+// claim replaced meanwhile is kept (the delete waits for that claim instead of skipping
+// it), and `scope = ANY($1)` lets Citus send the delete only to the shards of the batch.
+macro_rules! pick_expired_unlocked {
+    ($table:literal, $id:literal) => {
+        concat!(
+            "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(", $id, ") \
+             FROM (SELECT scope, ", $id, " FROM ", $table, " \
+                   WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
+                   ORDER BY expires_at LIMIT $2) AS picked"
+        )
+    };
+}
+
+macro_rules! delete_picked_pruned {
+    ($table:literal, $id:literal) => {
+        concat!(
+            "DELETE FROM ", $table, " AS t \
+             USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+             WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
+               AND t.scope OPERATOR(pg_catalog.=) picked.scope \
+               AND t.", $id, " OPERATOR(pg_catalog.=) picked.id \
+               AND t.expires_at OPERATOR(pg_catalog.<=) $3"
+        )
+    };
+}
+
+static PICK_EXPIRED_KEYS_CITUS: Statement = Statement {
+    sql: pick_expired_unlocked!("idempotency.keys", "key"),
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Read,
+};
+
+static DELETE_PICKED_KEYS_CITUS: Statement = Statement {
+    sql: delete_picked_pruned!("idempotency.keys", "key"),
+    args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+static PICK_EXPIRED_MESSAGES_CITUS: Statement = Statement {
+    sql: pick_expired_unlocked!("idempotency.messages", "message_id"),
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Read,
+};
+
+static DELETE_PICKED_MESSAGES_CITUS: Statement = Statement {
+    sql: delete_picked_pruned!("idempotency.messages", "message_id"),
+    args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+};
+
+// STALE without the lock, for distributed tables: RELEASE_STALE / TAKE_OVER_STALE re-check
+// token, status and lease under the row lock (waiting for a claim that holds the row).
+static STALE_CITUS: Statement = Statement {
+    sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
+          WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
+            AND locked_until OPERATOR(pg_catalog.<=) $1 \
+            AND expires_at OPERATOR(pg_catalog.>) $1 \
+          ORDER BY locked_until LIMIT $2",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Read,
+};
+
+static CITUS_INSTALLED: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus')",
+    args: &[],
+    kind: Kind::Read,
+};
+
+// Names a Citus catalog: prepared and run only where Citus is installed.
+static DISTRIBUTED: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition \
+                         WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass), \
+                 EXISTS (SELECT FROM pg_catalog.pg_dist_partition \
+                         WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.messages'::pg_catalog.regclass)",
+    args: &[],
+    kind: Kind::Read,
+};
+
+/// Whether idempotency.keys and idempotency.messages are Citus distributed tables.
+fn distributed(client: &mut SpiClient<'_>) -> (bool, bool) {
+    let citus: bool = col(&spi::run(client, &CITUS_INSTALLED, &[]).first(), 1).unwrap_or(false);
+    if !citus {
+        return (false, false);
+    }
+    let row = spi::run(client, &DISTRIBUTED, &[]).first();
+    (col(&row, 1).unwrap_or(false), col(&row, 2).unwrap_or(false))
+}
+
 static PICK_EXPIRED_KEYS: Statement = Statement {
     sql: pick_expired!("idempotency.keys", "key"),
     args: &[TIMESTAMPTZOID, INT8OID],
@@ -146,11 +237,21 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     spi::require_primary("idem_sweep")?;
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
-        let keys = sweep_table(client, &PICK_EXPIRED_KEYS, &DELETE_PICKED_KEYS, now, budget);
+        let (keys_distributed, messages_distributed) = distributed(client);
+        let keys = if keys_distributed {
+            sweep_table(client, &PICK_EXPIRED_KEYS_CITUS, &DELETE_PICKED_KEYS_CITUS, now, budget)
+        } else {
+            sweep_table(client, &PICK_EXPIRED_KEYS, &DELETE_PICKED_KEYS, now, budget)
+        };
         if keys >= budget {
             return keys;
         }
-        keys + sweep_table(client, &PICK_EXPIRED_MESSAGES, &DELETE_PICKED_MESSAGES, now, budget - keys)
+        let (pick, delete) = if messages_distributed {
+            (&PICK_EXPIRED_MESSAGES_CITUS, &DELETE_PICKED_MESSAGES_CITUS)
+        } else {
+            (&PICK_EXPIRED_MESSAGES, &DELETE_PICKED_MESSAGES)
+        };
+        keys + sweep_table(client, pick, delete, now, budget - keys)
     }))
 }
 
@@ -182,7 +283,8 @@ fn reclaim_stale(
     let now = spi::now();
     let locked_until = now + lease;
     Ok(Spi::connect_mut(|client| {
-        let stale: Vec<(String, String, Uuid, i32)> = spi::run(client, &STALE, &[now.into(), budget.into()])
+        let pick = if distributed(client).0 { &STALE_CITUS } else { &STALE };
+        let stale: Vec<(String, String, Uuid, i32)> = spi::run(client, pick, &[now.into(), budget.into()])
             .map(|row| {
                 (
                     row.get(1).ok().flatten().expect("scope is NOT NULL"),

@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""Throughput and latency percentiles from pgbench per-transaction logs (pgbench -l).
+
+Standard library only. A pgbench -l log line (PostgreSQL 15) is
+    client_id transaction_no time script_no time_epoch time_us [schedule_lag] [retries]
+where `time` is the transaction's latency in microseconds ("failed" / "skipped" otherwise)
+and time_epoch.time_us is when it ended. With --log-prefix P, thread 0 writes P.<pid> and
+thread n writes P.<pid>.<n>.
+
+  latency.py summarize RESULTS_DIR
+      reads RESULTS_DIR/runs.tsv (written by bench/run.sh) and the logs it names; writes
+      RESULTS_DIR/summary.tsv and RESULTS_DIR/summary.md and prints the Markdown.
+  latency.py window PREFIX [PREFIX...] [--from EPOCH] [--to EPOCH]
+      one JSON object: n, tps, p50_ms, p99_ms, max_ms of the transactions of those logs that
+      ended inside the window (all of them without --from/--to).
+"""
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+
+
+def read_logs(prefix, t_from=None, t_to=None):
+    """(latencies in µs, failures, first start, last end) of the logs written with this prefix."""
+    lat, failed, first, last = [], 0, math.inf, -math.inf
+    for path in glob.glob(glob.escape(prefix) + ".*"):
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6:
+                    continue  # a partial last line
+                try:
+                    end = int(parts[4]) + int(parts[5]) / 1e6
+                except ValueError:
+                    continue
+                if (t_from is not None and end < t_from) or (t_to is not None and end > t_to):
+                    continue
+                if not parts[2].isdigit():
+                    failed += 1
+                    continue
+                us = int(parts[2])
+                lat.append(us)
+                first = min(first, end - us / 1e6)
+                last = max(last, end)
+    return lat, failed, first, last
+
+
+def pct(sorted_values, p):
+    """Nearest-rank percentile."""
+    if not sorted_values:
+        return float("nan")
+    k = max(0, min(len(sorted_values) - 1, math.ceil(p / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def window(prefixes, t_from=None, t_to=None):
+    lat, failed, first, last = [], 0, math.inf, -math.inf
+    for p in prefixes:
+        l, f, a, b = read_logs(p, t_from, t_to)
+        lat += l
+        failed += f
+        first, last = min(first, a), max(last, b)
+    lat.sort()
+    span = (t_to - t_from) if (t_from is not None and t_to is not None) else (last - first)
+    return {
+        "n": len(lat),
+        "failed": failed,
+        "seconds": round(span, 3) if lat else 0,
+        "tps": round(len(lat) / span, 1) if lat and span > 0 else 0,
+        "p50_ms": round(pct(lat, 50) / 1000, 3) if lat else None,
+        "p99_ms": round(pct(lat, 99) / 1000, 3) if lat else None,
+        "max_ms": round(lat[-1] / 1000, 3) if lat else None,
+    }
+
+
+SCENARIOS = ["claim_complete", "replay", "in_progress", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
+IMPLS = ["ext", "peer", "floor"]
+IMPL_NAMES = {"ext": "extension", "peer": "PL/pgSQL peer", "floor": "raw SQL floor"}
+
+
+def fmt(x, digits=1):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def summarize(results):
+    runs = []
+    with open(os.path.join(results, "runs.tsv")) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        for line in f:
+            runs.append(dict(zip(header, line.rstrip("\n").split("\t"))))
+    groups = {}
+    for r in runs:
+        lat, failed, first, last = read_logs(os.path.join(results, r["log_prefix"]))
+        n = len(lat)
+        span = last - first if n else 0
+        r["n"], r["failed"] = n, failed
+        r["tps_log"] = n / span if span > 0 else 0.0
+        groups.setdefault((int(r["clients"]), r["scenario"], r["impl"]), []).append((r, lat))
+
+    rows = []
+    for (clients, scenario, impl), items in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], SCENARIOS.index(kv[0][1]) if kv[0][1] in SCENARIOS else 99, IMPLS.index(kv[0][2]))
+    ):
+        tps_rounds = [r["tps_log"] for r, _ in items]
+        lat = sorted(x for _, l in items for x in l)
+        n = sum(r["n"] for r, _ in items)
+        xids = sum(int(r["xids"]) for r, _ in items)
+        wal = sum(int(r["wal_bytes"]) for r, _ in items)
+        tps = statistics.mean(tps_rounds) if tps_rounds else 0
+        spread = (max(tps_rounds) - min(tps_rounds)) / tps * 100 if tps else 0
+        rows.append({
+            "clients": clients, "scenario": scenario, "impl": impl, "rounds": len(items),
+            "transactions": n, "failed": sum(r["failed"] for r, _ in items),
+            "tps": tps, "tps_spread_pct": spread,
+            "p50_ms": pct(lat, 50) / 1000, "p99_ms": pct(lat, 99) / 1000,
+            "xids_per_txn": xids / n if n else float("nan"),
+            "wal_bytes_per_txn": wal / n if n else float("nan"),
+        })
+
+    by = {(r["clients"], r["scenario"], r["impl"]): r for r in rows}
+    with open(os.path.join(results, "summary.tsv"), "w") as f:
+        cols = list(rows[0].keys()) if rows else []
+        f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor"]) + "\n")
+        for r in rows:
+            ext = by.get((r["clients"], r["scenario"], "ext"))
+            peer = by.get((r["clients"], r["scenario"], "peer"))
+            floor = by.get((r["clients"], r["scenario"], "floor"))
+            vp = ext["tps"] / peer["tps"] if ext and peer and peer["tps"] else float("nan")
+            vf = ext["tps"] / floor["tps"] if ext and floor and floor["tps"] else float("nan")
+            f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
+                    + f"\t{vp:.3f}\t{vf:.3f}\n")
+
+    out = []
+    for clients in sorted({r["clients"] for r in rows}):
+        out.append(f"#### {clients} clients\n")
+        out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn | ext/peer tps | ext/floor tps |")
+        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            if r["clients"] != clients:
+                continue
+            ext = by.get((clients, r["scenario"], "ext"))
+            cells = ["", ""]
+            if r["impl"] == "ext":
+                peer = by.get((clients, r["scenario"], "peer"))
+                floor = by.get((clients, r["scenario"], "floor"))
+                cells = [
+                    f"**{ext['tps'] / peer['tps']:.2f}x**" if peer and peer["tps"] else "—",
+                    f"**{ext['tps'] / floor['tps']:.2f}x**" if floor and floor["tps"] else "—",
+                ]
+            failed = f" ({r['failed']} failed)" if r["failed"] else ""
+            out.append(
+                f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
+                f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
+                f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | {cells[0]} | {cells[1]} |"
+            )
+        out.append("")
+    out.append("tps: transactions per second from the logs, mean of the rounds; spread: half the range "
+               "of the rounds' tps, relative to the mean; p50 / p99: over every transaction of every "
+               "round; xids/txn and WAL B/txn: transaction ids assigned and WAL written during the "
+               "runs, per transaction (background activity included).")
+    text = "\n".join(out) + "\n"
+    with open(os.path.join(results, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[0] == "summarize":
+        summarize(argv[1])
+    elif len(argv) >= 2 and argv[0] == "window":
+        prefixes, t_from, t_to, i = [], None, None, 1
+        while i < len(argv):
+            if argv[i] == "--from":
+                t_from = float(argv[i + 1]); i += 2
+            elif argv[i] == "--to":
+                t_to = float(argv[i + 1]); i += 2
+            else:
+                prefixes.append(argv[i]); i += 1
+        print(json.dumps(window(prefixes, t_from, t_to)))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+# Shared by bench/run.sh, bench/expiry.sh and bench/profile.sh. Source it; it sets
+#   ROOT (the repository), BENCH (this folder), PGBIN
+# and defines the helpers below. Clusters come from scripts/cluster.sh (owned by the
+# postgres OS user, socket in DIR/socket).
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH=$ROOT/bench
+PGBIN=/usr/lib/postgresql/15/bin
+PY=/usr/bin/python3
+unset RUST_BACKTRACE RUST_LIB_BACKTRACE
+
+# cluster_fresh DIR PORT [conf lines...]: a new cluster in DIR (any old one there is removed).
+cluster_fresh() {
+    local dir=$1 port=$2; shift 2
+    "$ROOT/scripts/cluster.sh" stop "$dir" 2>/dev/null || true
+    rm -rf "$dir"
+    # The port may be briefly held by a client connection's ephemeral port (TIME_WAIT):
+    # try again a few times.
+    local try
+    for try in 1 2 3 4 5 6; do
+        "$ROOT/scripts/cluster.sh" start "$dir" "$port" "$@" && return 0
+        echo "cluster start on port $port failed (try $try), retrying" >&2
+        sleep 10
+    done
+    return 1
+}
+
+# q SQL...: one psql call against $DB on the cluster of $CDIR/$PORT, unaligned, no headers.
+q() { psql -X -q -v ON_ERROR_STOP=1 -h "$CDIR/socket" -p "$PORT" -U postgres -d "${DB:-postgres}" -At "$@"; }
+
+# The machine and server, for the record.
+machine_info() {
+    echo "date:        $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "nproc:       $(nproc)"
+    echo "cpu:         $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    echo "memory:      $(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available"}')"
+    echo "load:        $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
+    echo "server:      $(q -c 'SELECT version()')"
+    echo "extension:   $(sha256sum "$($PGBIN/pg_config --pkglibdir)/idempotency.so" | cut -c1-16) (sha256 of idempotency.so), repo at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD -- src sql 2>/dev/null || echo ' + uncommitted changes in src/ or sql/')"
+    echo "settings:    $(q -c "SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings WHERE source NOT IN ('default', 'override') AND name NOT IN ('unix_socket_directories', 'listen_addresses', 'lc_messages', 'lc_monetary', 'lc_numeric', 'lc_time', 'log_timezone', 'TimeZone', 'default_text_search_config', 'DateStyle', 'dynamic_shared_memory_type', 'application_name', 'client_encoding', 'transaction_isolation', 'default_transaction_isolation')")"
+}
+
+# The next transaction id to be assigned, and the WAL insert position: read without taking one.
+xid_next() { q -c 'SELECT pg_snapshot_xmax(pg_current_snapshot())'; }
+wal_lsn() { q -c 'SELECT pg_current_wal_insert_lsn()'; }
+wal_diff() { q -c "SELECT pg_wal_lsn_diff('$2', '$1')::bigint"; }
+
+# variant_sql NAME: SQL that turns idempotency.keys as installed into a schema variant, for
+# measuring a change to sql/bootstrap.sql before making it (bench/variants.sh, profile.sh).
+variant_sql() {
+    case $1 in
+        installed) echo "" ;;
+        nochecks) echo "ALTER TABLE idempotency.keys DROP CONSTRAINT keys_status_check, DROP CONSTRAINT keys_lease_check, DROP CONSTRAINT keys_response_check;" ;;
+        ipidx) echo "DROP INDEX idempotency.keys_in_progress_idx; CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until) WHERE status = 'in_progress' AND locked_until IS NOT NULL;" ;;
+        both) echo "$(variant_sql nochecks) $(variant_sql ipidx)" ;;
+        *) echo "unknown variant $1" >&2; return 1 ;;
+    esac
+}

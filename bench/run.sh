@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The extension against the alternatives, on one throwaway cluster, in one command:
+#   ext    the extension
+#   peer   the same contract in hand-written PL/pgSQL (bench/plpgsql_peer.sql)
+#   floor  the raw SQL of the usual article: INSERT ... ON CONFLICT (key) DO NOTHING
+#          RETURNING id, then an UPDATE (it does less than the other two)
+# in the scenarios of bench/scripts/<scenario>.<impl>.sql, with pgbench -n -M prepared -l.
+# For each client count and scenario the implementations alternate, ext peer floor ext peer
+# floor ..., for --rounds rounds, so that drift of a busy machine falls on all of them alike.
+#
+#   bench/run.sh [--seconds S] [--clients "2 16"] [--rounds R] [--scenarios "a b"]
+#                [--nkeys N] [--port P] [--dir DIR] [--out DIR] [--conf 'name = value']...
+#                [--keep] [--smoke]
+#
+#   --seconds S      pgbench -T per run (default 10)
+#   --clients LIST   client counts (default "2 16"); pgbench threads: 2 at most (2 cores)
+#   --rounds R       rounds of alternation (default 2, at least 2 for figures)
+#   --nkeys N        pre-populated records per implementation for replay / in_progress /
+#                    duplicate messages (default 100000)
+#   --conf LINE      an extra postgresql.conf line, e.g. --conf 'fsync = on' (repeatable)
+#   --smoke          what CI runs: 200 transactions per client instead of seconds, 2 clients,
+#                    2 rounds, 1000 pre-populated keys; checks the scripts, not the speed
+#   --keep           leave the cluster running afterwards (else it is stopped and removed)
+#
+# Writes DIR/results (default bench/results/run-<UTC time>): runs.tsv, the pgbench logs and
+# outputs, machine.txt, checks.md (the no-xid / no-lock checks), summary.md / summary.tsv.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+SECONDS_PER_RUN=10
+CLIENTS="2 16"
+ROUNDS=2
+NKEYS=100000
+PORT=55460
+CDIR=/tmp/idempotency-bench-$PORT
+OUT=""
+KEEP=0
+SMOKE=0
+SCENARIOS="claim_complete replay in_progress seen_new seen_dup fp_1k fp_64k"
+CONF=("shared_buffers = 512MB" "max_wal_size = 4GB" "checkpoint_timeout = 30min")
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
+        --clients) CLIENTS=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --scenarios) SCENARIOS=$2; shift 2 ;;
+        --nkeys) NKEYS=$2; shift 2 ;;
+        --port) PORT=$2; CDIR=/tmp/idempotency-bench-$PORT; shift 2 ;;
+        --dir) CDIR=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --conf) CONF+=("$2"); shift 2 ;;
+        --keep) KEEP=1; shift ;;
+        --smoke) SMOKE=1; shift ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+if [ "$SMOKE" = 1 ]; then
+    CLIENTS="2"; ROUNDS=2; NKEYS=1000
+fi
+OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+mkdir -p "$OUT/logs"
+DB=bench
+
+cleanup() {
+    if [ "$KEEP" = 0 ]; then
+        "$ROOT/scripts/cluster.sh" stop "$CDIR" || true
+        rm -rf "$CDIR"
+    fi
+}
+trap cleanup EXIT
+
+echo "== cluster $CDIR on port $PORT; results in $OUT"
+cluster_fresh "$CDIR" "$PORT" "${CONF[@]}"
+DB=postgres q -c "CREATE DATABASE $DB"
+q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
+echo "== populating ($NKEYS records per implementation and outcome)"
+q -v nkeys="$NKEYS" -f "$BENCH/setup.sql" >"$OUT/setup.log"
+machine_info | tee "$OUT/machine.txt"
+
+echo "== no transaction id, no lock for answers from a read"
+"$BENCH/checks.sh" "$CDIR" "$PORT" "$DB" | tee "$OUT/checks.md"
+
+impls_of() {
+    local s=$1 i
+    for i in ext peer floor; do
+        [ -f "$BENCH/scripts/$s.$i.sql" ] && echo "$i"
+    done
+    return 0
+}
+
+printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\n' >"$OUT/runs.tsv"
+for c in $CLIENTS; do
+    threads=$(( c < 2 ? c : 2 ))
+    for s in $SCENARIOS; do
+        for r in $(seq 1 "$ROUNDS"); do
+            for i in $(impls_of "$s"); do
+                name=$s.$i.c$c.r$r
+                q -c "CHECKPOINT"
+                x0=$(xid_next); l0=$(wal_lsn); t0=$(date +%s)
+                if [ "$SMOKE" = 1 ]; then length=(-t 200); else length=(-T "$SECONDS_PER_RUN"); fi
+                pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j "$threads" \
+                    "${length[@]}" -D nkeys="$NKEYS" -l --log-prefix="$OUT/logs/$name" \
+                    -f "$BENCH/scripts/$s.$i.sql" "$DB" >"$OUT/logs/$name.out" 2>&1 || {
+                    echo "pgbench failed for $name:"; cat "$OUT/logs/$name.out"; exit 1; }
+                x1=$(xid_next); l1=$(wal_lsn)
+                tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$i" "$r" "logs/$name" "$tps" \
+                    "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" >>"$OUT/runs.tsv"
+                printf '%-16s %-6s c=%-3s round %s: %10s tps\n' "$s" "$i" "$c" "$r" "$tps"
+            done
+        done
+    done
+done
+
+echo "== summary"
+$PY "$BENCH/latency.py" summarize "$OUT"
+echo "results: $OUT"

@@ -1,0 +1,3 @@
+-- A retry of a pre-populated key ('r-<n>'): answered from one read. Autocommit, one statement.
+\set n random(1, :nkeys)
+SELECT * FROM idempotency.idem_claim('acct_42 POST /charges', 'r-' || :n::text, 'sha256:4f2d');

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Two changes to sql/bootstrap.sql, measured before they are made: claim + complete
+# (bench/scripts/claim_complete.ext.sql) on idempotency.keys as installed and in variants:
+#   installed  as CREATE EXTENSION makes it
+#   ipidx      keys_in_progress_idx with predicate "status = 'in_progress' AND locked_until IS
+#              NOT NULL": idem_reclaim_stale's and the takeover's "locked_until <= now()" still
+#              imply it, but the fenced UPDATEs of idem_complete / idem_checkpoint /
+#              idem_release ("status = 'in_progress'" only) can no longer use the index, so the
+#              planner takes the primary key. As installed, on a table of mostly completed
+#              records the planner runs idem_complete's UPDATE as a scan of every in_progress
+#              entry of keys_in_progress_idx (live and dead) with a filter on scope and key.
+#   nochecks   without the three CHECK constraints: PostgreSQL parses every CHECK
+#              constraint's expression (stringToNode) and plans it again for each INSERT and
+#              UPDATE statement; the functions are the only writers and already guarantee them.
+#   both       ipidx and nochecks.
+# Each variant gets a database of its own with --rows completed records (ANALYZEd, as a
+# production table would be); the variants alternate in every round.
+#
+#   bench/variants.sh [--seconds S] [--clients "2 16"] [--rounds R] [--rows N]
+#                     [--variants "installed ipidx nochecks both"] [--port P] [--out DIR] [--smoke]
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+SECONDS_PER_RUN=10; CLIENTS="2 16"; ROUNDS=3; ROWS=1000000
+VARIANTS="installed ipidx nochecks both"; PORT=55464; OUT=""; SMOKE=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
+        --clients) CLIENTS=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --rows) ROWS=$2; shift 2 ;;
+        --variants) VARIANTS=$2; shift 2 ;;
+        --port) PORT=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --smoke) SMOKE=1; shift ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "variants.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[ "$SMOKE" = 1 ] && { SECONDS_PER_RUN=1; CLIENTS=2; ROUNDS=1; ROWS=10000; }
+CDIR=/tmp/idempotency-variants-$PORT
+OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+mkdir -p "$OUT/logs"
+trap '"$ROOT/scripts/cluster.sh" stop "$CDIR" || true; rm -rf "$CDIR"' EXIT
+
+echo "== cluster $CDIR on port $PORT; results in $OUT"
+cluster_fresh "$CDIR" "$PORT" "shared_buffers = 1GB" "max_wal_size = 4GB" "checkpoint_timeout = 30min"
+for v in $VARIANTS; do
+    DB=postgres q -c "CREATE DATABASE v_$v"
+    DB=v_$v
+    q -c "CREATE EXTENSION idempotency"
+    sql=$(variant_sql "$v"); [ -n "$sql" ] && q -c "$sql"
+    q -v from=1 -v to="$ROWS" -v expired=0 -f "$BENCH/populate_live.sql"
+    q -c "VACUUM ANALYZE idempotency.keys"
+    # The plan PostgreSQL picks for idem_complete's UPDATE (same text as src/lifecycle.rs).
+    plan=$(q -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE c(text, text, uuid, int, jsonb, jsonb, timestamptz) AS UPDATE idempotency.keys SET status = 'completed', locked_until = NULL, response_status = \$4, response_headers = \$5, response_body = \$6, completed_at = \$7, updated_at = \$7 WHERE scope OPERATOR(pg_catalog.=) \$1 AND key OPERATOR(pg_catalog.=) \$2 AND token OPERATOR(pg_catalog.=) \$3 AND status OPERATOR(pg_catalog.=) 'in_progress' AND expires_at OPERATOR(pg_catalog.>) \$7" -c "EXPLAIN EXECUTE c('a', 'b', gen_random_uuid(), 201, NULL, NULL, now())" | grep -o 'Index Scan using [a-z_]*\|Seq Scan\|Bitmap' | head -1)
+    echo "$v: idem_complete's UPDATE runs as: $plan" | tee -a "$OUT/plans.txt"
+done
+machine_info >"$OUT/machine.txt"
+
+printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\n' >"$OUT/runs.tsv"
+for c in $CLIENTS; do
+    for r in $(seq 1 "$ROUNDS"); do
+        for v in $VARIANTS; do
+            DB=v_$v
+            name=claim_complete.$v.c$c.r$r
+            q -c "DELETE FROM idempotency.keys WHERE scope = 'acct_42 POST /charges'" -c "VACUUM idempotency.keys" -c "CHECKPOINT"
+            pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j $(( c < 2 ? c : 2 )) \
+                -T "$SECONDS_PER_RUN" -l --log-prefix="$OUT/logs/$name" \
+                -f "$BENCH/scripts/claim_complete.ext.sql" "$DB" >"$OUT/logs/$name.out" 2>&1
+            tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t0\t0\t0\n' "$c" claim_complete "$v" "$r" "logs/$name" "$tps" >>"$OUT/runs.tsv"
+            printf 'c=%-3s round %s %-10s %10s tps\n' "$c" "$r" "$v" "$tps"
+        done
+    done
+done
+echo "== summary"
+{
+    echo "| clients | variant | tps | p50 ms | p99 ms | tps / installed |"
+    echo "| ---: | --- | ---: | ---: | ---: | ---: |"
+    for c in $CLIENTS; do
+        base=""
+        for v in $VARIANTS; do
+            w=$($PY "$BENCH/latency.py" window $(for r in $(seq 1 "$ROUNDS"); do echo "$OUT/logs/claim_complete.$v.c$c.r$r"; done))
+            tps=$(awk -F'\t' -v c="$c" -v v="$v" '$1 == c && $3 == v {s += $6; n++} END {printf "%.0f", s / n}' "$OUT/runs.tsv")
+            [ -z "$base" ] && base=$tps
+            p50=$($PY -c "import json,sys; print(json.loads(sys.argv[1])['p50_ms'])" "$w")
+            p99=$($PY -c "import json,sys; print(json.loads(sys.argv[1])['p99_ms'])" "$w")
+            echo "| $c | $v | $tps | $p50 | $p99 | $($PY -c "print(f'{$tps / $base:.2f}x')") |"
+        done
+    done
+    echo
+    echo "tps: pgbench's, mean of $ROUNDS rounds; p50 / p99 over all rounds' transactions; $ROWS completed records in the table."
+    echo
+    sed 's/^/    /' "$OUT/plans.txt"
+} | tee "$OUT/summary.md"
+echo "results: $OUT"

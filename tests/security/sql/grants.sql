@@ -1,0 +1,5 @@
+-- The README's privilege recipe for an application role (psql variable :role).
+-- Functions are SECURITY INVOKER and EXECUTE stays with PUBLIC: what a role may do with
+-- the API is exactly what it may do with these two tables.
+GRANT USAGE ON SCHEMA idempotency TO :"role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.keys, idempotency.messages TO :"role";

@@ -10,7 +10,9 @@
 #              claiming at a fixed rate (half of what 2 clients reached at the largest level,
 #              or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
 #              during the sweep against the same load without it, and table and index sizes
-#              before the sweep, after it, and after a VACUUM.
+#              before the sweep, after it, and after a VACUUM. Twice (--sweep-variants): with
+#              idem_sweep_all as installed (batches of 10000 back to back), and "paced" (batches
+#              of 1000 with a 20 ms pause), each on a fresh set of expired records.
 #  3. churn    for each storage configuration (default; fillfactor 85; aggressive table-level
 #              autovacuum; both; and an experiment without the partial index, which lets the
 #              complete be a HOT update), a database of its own with --churn-base live records,
@@ -19,7 +21,8 @@
 #              sizes, HOT updates, autovacuum runs and claim p50 / p99.
 #
 #   bench/expiry.sh [--seconds S] [--clients "2 16"] [--rounds R] [--levels "10000 1000000 10000000"]
-#                   [--expired N] [--sweep-rate TPS] [--churn-seconds S] [--churn-rate TPS]
+#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "all paced"]
+#                   [--churn-seconds S] [--churn-rate TPS]
 #                   [--churn-base N] [--configs "default ff85 av ff85_av ff85_nopartial"]
 #                   [--phases "levels sweep churn"] [--port P] [--dir DIR] [--out DIR]
 #                   [--conf 'name = value']... [--keep] [--smoke]
@@ -27,7 +30,7 @@
 #   --smoke: tiny sizes and durations (levels 1000 and 20000, 20000 expired, 8 s of churn per
 #   configuration): checks that the script works, not the figures.
 #
-# Writes OUT (default bench/results/expiry-<UTC time>): machine.txt, levels.tsv, sweep.txt,
+# Writes OUT (default bench/results/expiry-<UTC time>): machine.txt, levels.tsv, sweep-*.notice,
 # churn/<config>/samples.tsv, the pgbench logs, and summary.md (printed at the end).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -38,6 +41,7 @@ ROUNDS=2
 LEVELS="10000 1000000 10000000"
 EXPIRED=1000000
 SWEEP_RATE=""
+SWEEP_VARIANTS="all paced"
 CHURN_SECONDS=180
 CHURN_RATE=500
 CHURN_BASE=500000
@@ -57,6 +61,7 @@ while [ $# -gt 0 ]; do
         --levels) LEVELS=$2; shift 2 ;;
         --expired) EXPIRED=$2; shift 2 ;;
         --sweep-rate) SWEEP_RATE=$2; shift 2 ;;
+        --sweep-variants) SWEEP_VARIANTS=$2; shift 2 ;;
         --churn-seconds) CHURN_SECONDS=$2; shift 2 ;;
         --churn-rate) CHURN_RATE=$2; shift 2 ;;
         --churn-base) CHURN_BASE=$2; shift 2 ;;
@@ -145,7 +150,7 @@ if [[ " $PHASES " == *" levels "* || " $PHASES " == *" sweep "* ]]; then
             for r in $(seq 1 "$ROUNDS"); do
                 p=$OUT/logs/level$level.c$c.r$r
                 pgb "$DB" "$p" -c "$c" -j $(( c < 2 ? c : 2 )) -T "$SECONDS_PER_RUN" \
-                    -f "$BENCH/scripts/claim_complete.ext.sql" >"$p.out" 2>&1
+                    -f "$BENCH/scripts/claim_complete.ext.sql" >"$p.out" 2>&1 || echo "pgbench failed, see $p.out" >&2
                 w=$(window "$p")
                 printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$level" "$c" "$r" "$(jget tps <<<"$w")" \
                     "$(jget p50_ms <<<"$w")" "$(jget p99_ms <<<"$w")" >>"$OUT/levels.tsv"
@@ -166,58 +171,88 @@ if [[ " $PHASES " == *" levels "* || " $PHASES " == *" sweep "* ]]; then
 fi
 
 # ----------------------------------------------------------------------------------- sweep
+# sweep_cmd VARIANT: the statement that sweeps.
+#   all    CALL idempotency.idem_sweep_all(): batches of 10000 as fast as it can
+#   paced  batches of 1000 with a 20 ms pause after each (bench_sweep_paced below): what a
+#          pause argument of idem_sweep_all would give
+sweep_cmd() {
+    case $1 in
+        all) echo "CALL idempotency.idem_sweep_all()" ;;
+        paced) echo "CALL bench_sweep_paced(1000, 0.02)" ;;
+        *) echo "unknown sweep variant $1" >&2; exit 2 ;;
+    esac
+}
 if [[ " $PHASES " == *" sweep "* ]]; then
     rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 2 ))}
-    echo "== sweep: adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
-    populate $((LAST_LEVEL + 1)) $((LAST_LEVEL + EXPIRED)) 1
-    q -c "VACUUM ANALYZE idempotency.keys"
-    {
-        echo "### Sweeping $EXPIRED expired records among $LAST_LEVEL live ones"
-        echo
-        echo "| when | table | indexes | total | rows | dead tuples |"
-        echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-        sizes "before the sweep"
-    } >>"$SUMMARY"
+    q <<'SQL'
+CREATE PROCEDURE bench_sweep_paced(batch int, pause float8) LANGUAGE plpgsql AS $$
+DECLARE n bigint; total bigint := 0;
+BEGIN
+    LOOP
+        n := idempotency.idem_sweep(batch);
+        total := total + n;
+        COMMIT;
+        EXIT WHEN n < batch;
+        PERFORM pg_sleep(pause);
+    END LOOP;
+    RAISE NOTICE 'idem_sweep_all: deleted % expired rows', total;
+END $$;
+SQL
+    next_id=$((LAST_LEVEL + 1))
+    for sv in $SWEEP_VARIANTS; do
+        echo "== sweep ($sv): adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
+        populate "$next_id" $((next_id + EXPIRED - 1)) 1
+        next_id=$((next_id + EXPIRED))
+        q -c "VACUUM ANALYZE idempotency.keys"
+        {
+            echo "### Sweeping $EXPIRED expired records among $LAST_LEVEL live ones: $(sweep_cmd "$sv")"
+            echo
+            echo "| when | table | indexes | total | rows | dead tuples |"
+            echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+            sizes "before the sweep"
+        } >>"$SUMMARY"
 
-    # The same claim load without a sweep: 20 s (smoke: 4 s).
-    base_s=$([ "$SMOKE" = 1 ] && echo 4 || echo 20)
-    pgb "$DB" "$OUT/logs/sweep-baseline" -c 2 -j 2 -R "$rate" -T "$base_s" \
-        -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-baseline.out" 2>&1
-    base=$(window "$OUT/logs/sweep-baseline")
+        # The same claim load without a sweep: 20 s (smoke: 4 s).
+        base_s=$([ "$SMOKE" = 1 ] && echo 4 || echo 20)
+        pgb "$DB" "$OUT/logs/sweep-$sv-baseline" -c 2 -j 2 -R "$rate" -T "$base_s" \
+            -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$sv-baseline.out" 2>&1
+        base=$(window "$OUT/logs/sweep-$sv-baseline")
 
-    # The sweep, with the claims running in 2 s pgbench runs until it is over.
-    ts=$(now_s)
-    q -c "CALL idempotency.idem_sweep_all()" 2>"$OUT/sweep.notice" &
-    sweep_pid=$!
-    n=0
-    while kill -0 "$sweep_pid" 2>/dev/null; do
-        n=$((n + 1))
-        pgb "$DB" "$OUT/logs/sweep-during.$n" -c 2 -j 2 -R "$rate" -T 2 \
-            -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-during.$n.out" 2>&1
+        # The sweep, with the claims running in 2 s pgbench runs until it is over.
+        l0=$(wal_lsn)
+        ts=$(now_s)
+        q -c "$(sweep_cmd "$sv")" 2>"$OUT/sweep-$sv.notice" &
+        sweep_pid=$!
+        n=0
+        while kill -0 "$sweep_pid" 2>/dev/null; do
+            n=$((n + 1))
+            pgb "$DB" "$OUT/logs/sweep-$sv-during.$n" -c 2 -j 2 -R "$rate" -T 2 \
+                -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$sv-during.$n.out" 2>&1
+        done
+        wait "$sweep_pid"
+        te=$(now_s)
+        wal=$(wal_diff "$l0" "$(wal_lsn)")
+        deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep-$sv.notice")
+        during=$(window $(for i in $(seq 1 $n); do echo "$OUT/logs/sweep-$sv-during.$i"; done) --from "$ts" --to "$te")
+        secs=$(echo "$te - $ts" | bc)
+        sizes "after the sweep" >>"$SUMMARY"
+        q -c "VACUUM idempotency.keys"
+        sizes "after VACUUM" >>"$SUMMARY"
+        free=$(q -c "SELECT round(approx_free_percent::numeric, 1) || ' % free space, ' || round(dead_tuple_percent::numeric, 1) || ' % dead' FROM pgstattuple_approx('idempotency.keys')")
+        {
+            echo
+            echo "Table after VACUUM: $free (pgstattuple_approx)."
+            echo
+            echo "| | seconds | claims | claims/s | p50 ms | p99 ms | max ms |"
+            echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+            echo "| claims at $rate/s, no sweep | $(jget seconds <<<"$base") | $(jget n <<<"$base") | $(jget tps <<<"$base") | $(jget p50_ms <<<"$base") | $(jget p99_ms <<<"$base") | $(jget max_ms <<<"$base") |"
+            echo "| claims at $rate/s during the sweep | $(jget seconds <<<"$during") | $(jget n <<<"$during") | $(jget tps <<<"$during") | $(jget p50_ms <<<"$during") | $(jget p99_ms <<<"$during") | $(jget max_ms <<<"$during") |"
+            echo
+            echo "Sweep ($(sweep_cmd "$sv")): $deleted rows in $secs s = **$(echo "scale=0; $deleted / $secs" | bc) rows/s**, $(echo "scale=0; $wal / $deleted" | bc) bytes of WAL per row swept (claims' WAL included);"
+            echo "claims' p99 during the sweep / without it: **$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")x**."
+            echo
+        } | tee -a "$SUMMARY"
     done
-    wait "$sweep_pid"
-    te=$(now_s)
-    deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep.notice")
-    during=$(window $(for i in $(seq 1 $n); do echo "$OUT/logs/sweep-during.$i"; done) --from "$ts" --to "$te")
-    secs=$(echo "$te - $ts" | bc)
-    sizes "after the sweep" >>"$SUMMARY"
-    q -c "VACUUM idempotency.keys"
-    sizes "after VACUUM" >>"$SUMMARY"
-    free=$(q -c "SELECT round(approx_free_percent::numeric, 1) || ' % free space, ' || round(dead_tuple_percent::numeric, 1) || ' % dead' FROM pgstattuple_approx('idempotency.keys')")
-    {
-        echo
-        echo "Table after VACUUM: $free (pgstattuple_approx)."
-        echo
-        echo "| | seconds | claims | claims/s | p50 ms | p99 ms | max ms |"
-        echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-        echo "| claims at $rate/s, no sweep | $(jget seconds <<<"$base") | $(jget n <<<"$base") | $(jget tps <<<"$base") | $(jget p50_ms <<<"$base") | $(jget p99_ms <<<"$base") | $(jget max_ms <<<"$base") |"
-        echo "| claims at $rate/s during the sweep | $(jget seconds <<<"$during") | $(jget n <<<"$during") | $(jget tps <<<"$during") | $(jget p50_ms <<<"$during") | $(jget p99_ms <<<"$during") | $(jget max_ms <<<"$during") |"
-        echo
-        echo "Sweep: $deleted rows in $secs s = **$(echo "scale=0; $deleted / $secs" | bc) rows/s** (CALL idempotency.idem_sweep_all(), batches of 10000, a commit after each);"
-        echo "claims' p99 during the sweep / without it: **$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")x**."
-        echo
-    } | tee -a "$SUMMARY"
-    cat "$OUT/sweep.notice" >"$OUT/sweep.txt"
 fi
 
 # ----------------------------------------------------------------------------------- churn
@@ -270,7 +305,7 @@ if [[ " $PHASES " == *" churn "* ]]; then
         ) >"$d/sweeps.txt" &
         BG_PIDS+=($!); sweeper=$!
         pgb "$DB" "$d/claims" -c 2 -j 2 -R "$CHURN_RATE" -T "$CHURN_SECONDS" -D ttl=60s \
-            -f "$BENCH/scripts/churn.ext.sql" >"$d/claims.out" 2>&1
+            -f "$BENCH/scripts/churn.ext.sql" >"$d/claims.out" 2>&1 || echo "pgbench failed, see $d/claims.out" >&2
         kill "$sampler" "$sweeper" 2>/dev/null || true
         wait "$sampler" "$sweeper" 2>/dev/null || true
         sleep 1

@@ -4,6 +4,7 @@
 #   2. the extension built and installed, a throwaway cluster started
 #   3. the pg_regress suite and the isolationtester specs against it (make -C tests installcheck)
 #   4. pg_cron scheduling the sweep on a cluster of its own (tests/pg_cron/run.sh)
+#      releases and upgrades: frozen release scripts, ALTER EXTENSION UPDATE (tests/upgrade/run.sh)
 #   5. the dead-worker completer example's self-test (examples/completer.py --self-test)
 #   6. a 20 s stress run of 32 sessions with killed backends and one server crash
 #      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
@@ -29,11 +30,11 @@ export PATH="$HOME/.cargo/bin:$PATH"
 mkdir -p "$LOGS"
 
 # Adds a suite's counts from its log. Three summary forms are understood:
-#   cargo:       "test result: ok. 42 passed; 0 failed; ..."
+#   cargo:       "test result: ok. 42 passed; 0 failed; ..."   (every such line counts)
 #   pg_regress:  "All 9 tests passed."  or  "2 of 9 tests failed."
-#   our own:     "stress: 5 passed, 0 failed"
+#   our own:     "stress: 5 passed, 0 failed"   (the last such line is the suite's total)
 count() {
-    local name=$1 log=$2 status=$3 p=0 f=0 line
+    local name=$1 log=$2 status=$3 p=0 f=0 own_p=0 own_f=0 line
     while read -r line; do
         if [[ $line =~ test\ result:\ [a-zA-Z]+\.\ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
             p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
@@ -41,10 +42,11 @@ count() {
             p=$((p + BASH_REMATCH[1]))
         elif [[ $line =~ ([0-9]+)\ of\ ([0-9]+)\ tests\ failed ]]; then
             p=$((p + BASH_REMATCH[2] - BASH_REMATCH[1])); f=$((f + BASH_REMATCH[1]))
-        elif [[ $line =~ ^[a-z_-]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-            p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
+        elif [[ $line =~ ^[a-z0-9_-]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+            own_p=${BASH_REMATCH[1]}; own_f=${BASH_REMATCH[2]}
         fi
     done < "$log"
+    p=$((p + own_p)); f=$((f + own_f))
     # A suite that failed without saying how many counts as one failure.
     if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p))
@@ -95,6 +97,7 @@ rm -rf tests/results
 run regress installcheck regress
 run isolation installcheck isolation
 run pg_cron tests/pg_cron/run.sh
+run upgrade tests/upgrade/run.sh
 
 completer() {
     psql -X -q -c "DROP DATABASE IF EXISTS completer_test" -c "CREATE DATABASE completer_test" postgres &&

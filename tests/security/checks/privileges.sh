@@ -20,8 +20,8 @@ check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables 
                                has_table_privilege('sec_nogrants', 'idempotency.keys', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.messages', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.stats', 'SELECT')")"
-check "only schedule_maintenance pins its search_path (the others qualify every name)" "schedule_maintenance" \
-    "$(val postgres $DB "SELECT string_agg(proname, ',') FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
+check "only the plpgsql helpers pin their search_path (the others qualify every name)" "distribute,schedule_maintenance" \
+    "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
 
 TOKEN0=00000000-0000-4000-8000-000000000000
 TABLE_CALLS=(

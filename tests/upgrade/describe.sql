@@ -12,7 +12,7 @@ SELECT line FROM (
     SELECT 'function ' || pg_catalog.pg_get_functiondef(m.objid) AS line
       FROM members m WHERE m.classid = 'pg_catalog.pg_proc'::regclass
     UNION ALL
-    SELECT 'relation ' || c.relname || ' ' || c.relkind || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
       FROM members m JOIN pg_catalog.pg_class c ON c.oid = m.objid
      WHERE m.classid = 'pg_catalog.pg_class'::regclass
     UNION ALL

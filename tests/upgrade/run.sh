@@ -38,7 +38,8 @@ describe() { q -d "$1" -f tests/upgrade/describe.sql; }
 
 q -d postgres -c "CREATE DATABASE fresh"
 q -d fresh -c "CREATE EXTENSION idempotency"
-fresh=$(describe fresh)
+fresh=$(describe fresh) || { echo "FAIL describing a fresh install"; failed=$((failed + 1)); }
+check "the description lists every object" 1 "$([ "$(grep -c . <<<"$fresh")" -gt 40 ] && echo 1 || echo 0)"
 check "a fresh install of $current has the contract's functions" 0 \
     "$(q -d fresh -c "SELECT count(*) FROM unnest(ARRAY['idem_claim','idem_complete','idem_checkpoint','idem_release','idem_lookup','idem_reclaim_stale','idem_sweep','idem_seen','idem_fingerprint']) f WHERE NOT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'idempotency' AND p.proname = f)")"
 

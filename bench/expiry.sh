@@ -7,8 +7,8 @@
 #              a run claims are deleted after it, so every run starts at its level.
 #  2. sweep    at the largest level, --expired expired records (default 1 million) are added,
 #              then CALL idempotency.idem_sweep_all() deletes them while pgbench keeps
-#              claiming at a fixed rate (half of what 2 clients reached at the largest level,
-#              or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
+#              claiming at a fixed rate (a quarter of what 2 clients reached at the largest
+#              level, or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
 #              during the sweep against the same load without it, and table and index sizes
 #              before the sweep, after it, and after a VACUUM. Twice (--sweep-variants): with
 #              idem_sweep_all as installed (batches of 10000 back to back), and "paced" (batches
@@ -183,7 +183,7 @@ sweep_cmd() {
     esac
 }
 if [[ " $PHASES " == *" sweep "* ]]; then
-    rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 2 ))}
+    rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 4 ))}
     q <<'SQL'
 CREATE PROCEDURE bench_sweep_paced(batch int, pause float8) LANGUAGE plpgsql AS $$
 DECLARE n bigint; total bigint := 0;

@@ -53,6 +53,9 @@ variant_sql() {
         nochecks) echo "ALTER TABLE idempotency.keys DROP CONSTRAINT keys_status_check, DROP CONSTRAINT keys_lease_check, DROP CONSTRAINT keys_response_check;" ;;
         ipidx) echo "DROP INDEX idempotency.keys_in_progress_idx; CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until) WHERE status = 'in_progress' AND locked_until IS NOT NULL;" ;;
         both) echo "$(variant_sql nochecks) $(variant_sql ipidx)" ;;
+        # An experiment, not a proposal: no index on status or locked_until at all, so that
+        # completing a claim can be a HOT update (idem_reclaim_stale would have to scan).
+        hot) echo "$(variant_sql nochecks) DROP INDEX idempotency.keys_in_progress_idx;" ;;
         *) echo "unknown variant $1" >&2; return 1 ;;
     esac
 }

@@ -8,6 +8,7 @@
 #                    [--variant installed|nochecks|ipidx|both] [--port P] [--dir DIR]
 #                    [--out DIR] [--smoke]
 #   --variant: idempotency.keys changed as bench/variants.sh describes (lib.sh variant_sql)
+#   --impls "ext peer floor": which implementations to run
 #
 # For each path and implementation it runs a script of N operations twice, with N and 2N,
 # and reports (cost of 2N - cost of N) / N: the cost of one more operation, without the
@@ -30,6 +31,7 @@ CDIR=/tmp/idempotency-profile-$PORT
 OUT=""
 SMOKE=0
 VARIANT=installed
+IMPLS="ext peer floor"
 while [ $# -gt 0 ]; do
     case $1 in
         --calls) CALLS=$2; shift 2 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
         --out) OUT=$2; shift 2 ;;
         --smoke) SMOKE=1; CALLS=50; shift ;;
         --variant) VARIANT=$2; shift 2 ;;
+        --impls) IMPLS=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -126,7 +129,7 @@ run_cg() {  # run_cg FILE SCRIPTFILE
 n2=$((CALLS * 2))
 for path in $PATHS; do
     declare -A per=()
-    for impl in ext peer floor; do
+    for impl in $IMPLS; do
         prepare "$path" "$impl" >/dev/null 2>&1 || continue
         echo "== $path $impl"
         script "$path" "$impl" "$CALLS" "a$impl" >"$OUT/$path.$impl.n1.sql"

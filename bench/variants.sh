@@ -13,16 +13,18 @@
 #              constraint's expression (stringToNode) and plans it again for each INSERT and
 #              UPDATE statement; the functions are the only writers and already guarantee them.
 #   both       ipidx and nochecks.
+#   peer       the PL/pgSQL peer (bench/plpgsql_peer.sql) on the same records, for reference
+#   floor      the raw SQL floor (bench/setup.sql's idempotency_keys) on the same records
 # Each variant gets a database of its own with --rows completed records (ANALYZEd, as a
 # production table would be); the variants alternate in every round.
 #
 #   bench/variants.sh [--seconds S] [--clients "2 16"] [--rounds R] [--rows N]
-#                     [--variants "installed ipidx nochecks both"] [--port P] [--out DIR] [--smoke]
+#                     [--variants "installed ipidx nochecks both peer floor"] [--port P] [--out DIR] [--smoke]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 SECONDS_PER_RUN=10; CLIENTS="2 16"; ROUNDS=3; ROWS=1000000
-VARIANTS="installed ipidx nochecks both"; PORT=55464; OUT=""; SMOKE=0
+VARIANTS="installed ipidx nochecks both peer floor"; PORT=55464; OUT=""; SMOKE=0
 while [ $# -gt 0 ]; do
     case $1 in
         --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
@@ -45,16 +47,37 @@ trap '"$ROOT/scripts/cluster.sh" stop "$CDIR" || true; rm -rf "$CDIR"' EXIT
 
 echo "== cluster $CDIR on port $PORT; results in $OUT"
 cluster_fresh "$CDIR" "$PORT" "shared_buffers = 1GB" "max_wal_size = 4GB" "checkpoint_timeout = 30min"
+impl_of() { case $1 in peer|floor) echo "$1" ;; *) echo ext ;; esac; }
+cleanup_sql() {
+    case $1 in
+        peer) echo "DELETE FROM peer.keys WHERE scope = 'acct_42 POST /charges'" ;;
+        floor) echo "DELETE FROM idempotency_keys WHERE key LIKE 'n-%'" ;;
+        *) echo "DELETE FROM idempotency.keys WHERE scope = 'acct_42 POST /charges'" ;;
+    esac
+}
 for v in $VARIANTS; do
     DB=postgres q -c "CREATE DATABASE v_$v"
     DB=v_$v
     q -c "CREATE EXTENSION idempotency"
-    sql=$(variant_sql "$v"); [ -n "$sql" ] && q -c "$sql"
+    case $v in
+        peer|floor)
+            q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
+            q -c "CREATE TABLE idempotency_keys (id bigserial PRIMARY KEY, key text UNIQUE, fingerprint text, status text, response jsonb, expires_at timestamptz)" ;;
+        *) sql=$(variant_sql "$v"); [ -n "$sql" ] && q -c "$sql" ;;
+    esac
     q -v from=1 -v to="$ROWS" -v expired=0 -f "$BENCH/populate_live.sql"
-    q -c "VACUUM ANALYZE idempotency.keys"
+    case $v in
+        peer) q -c "INSERT INTO peer.keys SELECT * FROM idempotency.keys" -c "TRUNCATE idempotency.keys"
+              T=peer.keys ;;
+        floor) q -c "INSERT INTO idempotency_keys (key, fingerprint, status, response, expires_at) SELECT scope || ':' || key, fingerprint, status, jsonb_build_object('status', response_status, 'headers', response_headers, 'body', response_body), expires_at FROM idempotency.keys" -c "TRUNCATE idempotency.keys"
+              T=idempotency_keys ;;
+        *) T=idempotency.keys ;;
+    esac
+    q -c "VACUUM ANALYZE"
+    [ "$v" = floor ] && continue
     # The plan PostgreSQL picks for idem_complete's UPDATE (same text as src/lifecycle.rs).
-    plan=$(q -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE c(text, text, uuid, int, jsonb, jsonb, timestamptz) AS UPDATE idempotency.keys SET status = 'completed', locked_until = NULL, response_status = \$4, response_headers = \$5, response_body = \$6, completed_at = \$7, updated_at = \$7 WHERE scope OPERATOR(pg_catalog.=) \$1 AND key OPERATOR(pg_catalog.=) \$2 AND token OPERATOR(pg_catalog.=) \$3 AND status OPERATOR(pg_catalog.=) 'in_progress' AND expires_at OPERATOR(pg_catalog.>) \$7" -c "EXPLAIN EXECUTE c('a', 'b', gen_random_uuid(), 201, NULL, NULL, now())" | grep -o 'Index Scan using [a-z_]*\|Seq Scan\|Bitmap' | head -1)
-    echo "$v: idem_complete's UPDATE runs as: $plan" | tee -a "$OUT/plans.txt"
+    plan=$(q -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE c(text, text, uuid, int, jsonb, jsonb, timestamptz) AS UPDATE $T SET status = 'completed', locked_until = NULL, response_status = \$4, response_headers = \$5, response_body = \$6, completed_at = \$7, updated_at = \$7 WHERE scope OPERATOR(pg_catalog.=) \$1 AND key OPERATOR(pg_catalog.=) \$2 AND token OPERATOR(pg_catalog.=) \$3 AND status OPERATOR(pg_catalog.=) 'in_progress' AND expires_at OPERATOR(pg_catalog.>) \$7" -c "EXPLAIN EXECUTE c('a', 'b', gen_random_uuid(), 201, NULL, NULL, now())" | grep -o 'Index Scan using [a-z_]*\|Seq Scan\|Bitmap' | head -1)
+    echo "$v: the complete's UPDATE runs as: $plan" | tee -a "$OUT/plans.txt"
 done
 machine_info >"$OUT/machine.txt"
 
@@ -64,10 +87,10 @@ for c in $CLIENTS; do
         for v in $VARIANTS; do
             DB=v_$v
             name=claim_complete.$v.c$c.r$r
-            q -c "DELETE FROM idempotency.keys WHERE scope = 'acct_42 POST /charges'" -c "VACUUM idempotency.keys" -c "CHECKPOINT"
+            q -c "$(cleanup_sql "$v")" -c "VACUUM" -c "CHECKPOINT"
             pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j $(( c < 2 ? c : 2 )) \
                 -T "$SECONDS_PER_RUN" -l --log-prefix="$OUT/logs/$name" \
-                -f "$BENCH/scripts/claim_complete.ext.sql" "$DB" >"$OUT/logs/$name.out" 2>&1
+                -f "$BENCH/scripts/claim_complete.$(impl_of "$v").sql" "$DB" >"$OUT/logs/$name.out" 2>&1
             tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
             printf '%s\t%s\t%s\t%s\t%s\t%s\t0\t0\t0\n' "$c" claim_complete "$v" "$r" "logs/$name" "$tps" >>"$OUT/runs.tsv"
             printf 'c=%-3s round %s %-10s %10s tps\n' "$c" "$r" "$v" "$tps"
@@ -76,17 +99,18 @@ for c in $CLIENTS; do
 done
 echo "== summary"
 {
-    echo "| clients | variant | tps | p50 ms | p99 ms | tps / installed |"
-    echo "| ---: | --- | ---: | ---: | ---: | ---: |"
+    echo "| clients | variant | tps | p50 ms | p99 ms | tps / installed | tps / floor |"
+    echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"
     for c in $CLIENTS; do
         base=""
+        floor=$(awk -F'\t' -v c="$c" '$1 == c && $3 == "floor" {s += $6; n++} END {if (n) printf "%.0f", s / n}' "$OUT/runs.tsv")
         for v in $VARIANTS; do
             w=$($PY "$BENCH/latency.py" window $(for r in $(seq 1 "$ROUNDS"); do echo "$OUT/logs/claim_complete.$v.c$c.r$r"; done))
             tps=$(awk -F'\t' -v c="$c" -v v="$v" '$1 == c && $3 == v {s += $6; n++} END {printf "%.0f", s / n}' "$OUT/runs.tsv")
             [ -z "$base" ] && base=$tps
             p50=$($PY -c "import json,sys; print(json.loads(sys.argv[1])['p50_ms'])" "$w")
             p99=$($PY -c "import json,sys; print(json.loads(sys.argv[1])['p99_ms'])" "$w")
-            echo "| $c | $v | $tps | $p50 | $p99 | $($PY -c "print(f'{$tps / $base:.2f}x')") |"
+            echo "| $c | $v | $tps | $p50 | $p99 | $($PY -c "print(f'{$tps / $base:.2f}x')") | $([ -n "$floor" ] && $PY -c "print(f'{$tps / $floor:.2f}x')" || echo —) |"
         done
     done
     echo

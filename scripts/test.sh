@@ -12,6 +12,7 @@
 #   8. the example service end to end (tests/e2e/run.sh) and the client examples
 #      (tests/clients/run_examples.sh)
 #   9. Citus, where it is installed (tests/citus/run.sh; skipped with a message otherwise)
+#  10. a smoke run of the benchmark scripts (bench/run.sh --smoke)
 # Ends with one line "total: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -125,6 +126,10 @@ run security tests/security/run.sh
 # The example HTTP service under real faults, and the client examples in other languages.
 run e2e tests/e2e/run.sh
 run client-examples tests/clients/run_examples.sh
+
+# The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).
+bench_smoke() { bench/run.sh --smoke && echo "bench-smoke: 1 passed, 0 failed"; }
+run bench-smoke bench_smoke
 
 # Citus: coordinator and two workers; skipped with a message where Citus is not installed.
 run citus tests/citus/run.sh

@@ -30,15 +30,15 @@ COMMENT ON TABLE idempotency.keys IS
     'a record with expires_at <= now() is treated as absent until idem_sweep deletes it.';
 
 -- Every request writes here and every record is deleted a day later: vacuum after 1 % of
--- the table changed rather than PostgreSQL's default 20 %, and without the cost delay, so
--- dead tuples from completes and sweeps are reclaimed in small, frequent passes
--- (BENCHMARKS.md, Storage settings: fewer dead tuples, a smaller table, a lower claim p99
--- in a high-churn run). No fillfactor: completing a claim changes indexed columns, so its
--- updates are never HOT and free space in the pages would only be wasted.
+-- the table changed rather than PostgreSQL's default 20 %, so that dead tuples from
+-- completes and sweeps are reclaimed in small, frequent passes (with a 24 h ttl, about every
+-- 7 minutes instead of every 2.4 hours with up to 20 % dead; BENCHMARKS.md, Storage
+-- settings). The vacuum cost delay is left as it is, so vacuum does not compete with claims.
+-- No fillfactor: completing a claim changes indexed columns, so its updates are never HOT
+-- and free space in the pages would only make the table larger.
 ALTER TABLE idempotency.keys SET (
     autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_insert_scale_factor = 0.01,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
 -- idem_sweep: expired records, oldest first.
@@ -65,8 +65,7 @@ CREATE INDEX messages_expires_at_idx ON idempotency.messages (expires_at);
 
 ALTER TABLE idempotency.messages SET (
     autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_insert_scale_factor = 0.01,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
 -- pg_dump keeps the rows of both tables (the extension's own objects are not dumped).

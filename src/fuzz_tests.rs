@@ -352,7 +352,7 @@ proptest! {
     }
 
     #[test]
-    fn nesting_is_refused_past_the_limit_without_panic(depth in 0usize..(MAX_DEPTH + 50), objects in any::<bool>(), tail in "[\\]}\\[{, 0-9\"]{0,3}") {
+    fn nesting_is_refused_past_the_limit_without_panic(depth in 1usize..(MAX_DEPTH + 50), objects in any::<bool>(), tail in "[\\]}\\[{, 0-9\"]{0,3}") {
         let (open, close) = if objects { ("{\"k\":", "}") } else { ("[", "]") };
         let body = if objects { "0" } else { "" };
         let whole = format!("{}{body}{}", open.repeat(depth), close.repeat(depth));

@@ -15,82 +15,73 @@ use crate::spi::{self, col, Kind, Statement};
 use crate::{settings, validate};
 
 // Sweeping is two statements so that each batch costs its own size, not the backlog's:
-// pick at most $2 expired rows (locking them, skipping the ones a claim holds), then delete
-// exactly those by primary key. $1 is now().
+// pick at most $2 expired rows, then delete exactly those by primary key. $1 is now().
+//
+// On one server the pick locks what it picks and skips the rows a claim holds. On Citus,
+// where the tables are distributed by scope, a multi-shard SELECT cannot lock rows (0A000
+// "could not run distributed query with FOR UPDATE/SHARE commands"): there the pick does not
+// lock, the delete re-checks expiry under the row lock, so a record that a claim replaced
+// meanwhile is kept (the delete waits for that claim instead of skipping it), and
+// `scope = ANY($1)` lets Citus send the delete only to the shards of the batch.
 macro_rules! pick_expired {
-    ($table:literal, $id:literal) => {
+    ($table:literal, $id:literal, $lock:literal) => {
         concat!(
             "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(", $id, ") \
              FROM (SELECT scope, ", $id, " FROM ", $table, " \
                    WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                   ORDER BY expires_at LIMIT $2 \
-                   FOR UPDATE SKIP LOCKED) AS picked"
+                   ORDER BY expires_at LIMIT $2", $lock, ") AS picked"
         )
     };
 }
 
 // $1 scopes, $2 keys (or message ids), $3 now: the picked rows, still expired.
 macro_rules! delete_picked {
-    ($table:literal, $id:literal) => {
+    ($table:literal, $id:literal, $prune:literal) => {
         concat!(
             "DELETE FROM ", $table, " AS t \
              USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-             WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
+             WHERE ", $prune, "t.scope OPERATOR(pg_catalog.=) picked.scope \
                AND t.", $id, " OPERATOR(pg_catalog.=) picked.id \
                AND t.expires_at OPERATOR(pg_catalog.<=) $3"
         )
     };
 }
 
-// On Citus, where the tables are distributed by scope, a multi-shard SELECT cannot lock
-// rows (0A000 "could not run distributed query with FOR UPDATE/SHARE commands"). There the
-// pick does not lock; the delete re-checks expiry under the row lock, so a record that a
-// claim replaced meanwhile is kept (the delete waits for that claim instead of skipping
-// it), and `scope = ANY($1)` lets Citus send the delete only to the shards of the batch.
-macro_rules! pick_expired_unlocked {
-    ($table:literal, $id:literal) => {
+// Live in_progress claims whose lease ended, oldest lease first; $1 now, $2 max rows.
+// Locked and skipping on one server, unlocked on Citus, as the sweep's pick.
+macro_rules! stale_claims {
+    ($lock:literal) => {
         concat!(
-            "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(", $id, ") \
-             FROM (SELECT scope, ", $id, " FROM ", $table, " \
-                   WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                   ORDER BY expires_at LIMIT $2) AS picked"
-        )
-    };
-}
-
-macro_rules! delete_picked_pruned {
-    ($table:literal, $id:literal) => {
-        concat!(
-            "DELETE FROM ", $table, " AS t \
-             USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-             WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
-               AND t.scope OPERATOR(pg_catalog.=) picked.scope \
-               AND t.", $id, " OPERATOR(pg_catalog.=) picked.id \
-               AND t.expires_at OPERATOR(pg_catalog.<=) $3"
+            "SELECT scope, key, token, attempts FROM idempotency.keys \
+             WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
+               AND locked_until OPERATOR(pg_catalog.<=) $1 \
+               AND expires_at OPERATOR(pg_catalog.>) $1 \
+             ORDER BY locked_until LIMIT $2",
+            $lock
         )
     };
 }
 
 static PICK_EXPIRED_KEYS_CITUS: Statement = Statement {
-    sql: pick_expired_unlocked!("idempotency.keys", "key"),
+    sql: pick_expired!("idempotency.keys", "key", ""),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Read,
 };
 
 static DELETE_PICKED_KEYS_CITUS: Statement = Statement {
-    sql: delete_picked_pruned!("idempotency.keys", "key"),
+    sql: delete_picked!("idempotency.keys", "key", "t.scope OPERATOR(pg_catalog.=) ANY ($1) AND "),
     args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Write,
 };
 
 static PICK_EXPIRED_MESSAGES_CITUS: Statement = Statement {
-    sql: pick_expired_unlocked!("idempotency.messages", "message_id"),
+    sql: pick_expired!("idempotency.messages", "message_id", ""),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Read,
 };
 
 static DELETE_PICKED_MESSAGES_CITUS: Statement = Statement {
-    sql: delete_picked_pruned!("idempotency.messages", "message_id"),
+    sql: delete_picked!("idempotency.messages", "message_id", "t.scope OPERATOR(pg_catalog.=) ANY ($1) AND "),
     args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Write,
 };
@@ -98,11 +89,7 @@ static DELETE_PICKED_MESSAGES_CITUS: Statement = Statement {
 // STALE without the lock, for distributed tables: RELEASE_STALE / TAKE_OVER_STALE re-check
 // token, status and lease under the row lock (waiting for a claim that holds the row).
 static STALE_CITUS: Statement = Statement {
-    sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
-          WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
-            AND locked_until OPERATOR(pg_catalog.<=) $1 \
-            AND expires_at OPERATOR(pg_catalog.>) $1 \
-          ORDER BY locked_until LIMIT $2",
+    sql: stale_claims!(""),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Read,
 };
@@ -134,37 +121,31 @@ fn distributed(client: &mut SpiClient<'_>) -> (bool, bool) {
 }
 
 static PICK_EXPIRED_KEYS: Statement = Statement {
-    sql: pick_expired!("idempotency.keys", "key"),
+    sql: pick_expired!("idempotency.keys", "key", " FOR UPDATE SKIP LOCKED"),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Write,
 };
 
 static DELETE_PICKED_KEYS: Statement = Statement {
-    sql: delete_picked!("idempotency.keys", "key"),
+    sql: delete_picked!("idempotency.keys", "key", ""),
     args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Write,
 };
 
 static PICK_EXPIRED_MESSAGES: Statement = Statement {
-    sql: pick_expired!("idempotency.messages", "message_id"),
+    sql: pick_expired!("idempotency.messages", "message_id", " FOR UPDATE SKIP LOCKED"),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Write,
 };
 
 static DELETE_PICKED_MESSAGES: Statement = Statement {
-    sql: delete_picked!("idempotency.messages", "message_id"),
+    sql: delete_picked!("idempotency.messages", "message_id", ""),
     args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Write,
 };
 
-// $1 now, $2 max rows
 static STALE: Statement = Statement {
-    sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
-          WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
-            AND locked_until OPERATOR(pg_catalog.<=) $1 \
-            AND expires_at OPERATOR(pg_catalog.>) $1 \
-          ORDER BY locked_until LIMIT $2 \
-          FOR UPDATE SKIP LOCKED",
+    sql: stale_claims!(" FOR UPDATE SKIP LOCKED"),
     args: &[TIMESTAMPTZOID, INT8OID],
     kind: Kind::Write,
 };

@@ -12,12 +12,13 @@ unset RUST_BACKTRACE RUST_LIB_BACKTRACE
 PGBIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 [ -x "$PGBIN/initdb" ] || PGBIN=/usr/lib/postgresql/15/bin
 
+# From /, which the postgres user can enter (the work tree may be a root-only folder).
 as_postgres() {
-    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+    if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 cmd=${1:?start|stop}
-dir=${2:?cluster directory}
+dir=$(realpath -m "${2:?cluster directory}")
 case "$cmd" in
 start)
     port=${3:?port}

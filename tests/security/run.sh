@@ -57,7 +57,9 @@ section() { echo; echo "== $1"; }
 
 # --- clusters and SQL --------------------------------------------------------------------
 
-as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+# From /, which the postgres user can enter: the work tree may be a root-only folder, and
+# PostgreSQL's tools warn when they cannot change to their working directory.
+as_postgres() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 
 # psql_at DIR PORT ROLE DB [psql args...]: tuples only, unaligned, errors to stderr.
 psql_at() {

@@ -23,6 +23,25 @@ SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 CALL idempotency.idem_sweep_all(7);
 SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 
+-- `pause` (default 10 milliseconds) is how long it sleeps after each full batch, to leave
+-- the claims the machine; 0 sweeps back to back. A negative pause, or one over an hour, is
+-- refused (22023) before anything is deleted.
+INSERT INTO idempotency.keys (scope, key, status, token, response_status, created_at, updated_at, expires_at)
+SELECT 'jobs', 'old-' || i, 'completed', gen_random_uuid(), 200,
+       now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
+  FROM generate_series(1, 4) AS i;
+\set SHOW_CONTEXT never
+CALL idempotency.idem_sweep_all(2, interval '-1 second');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+CALL idempotency.idem_sweep_all(2, interval '2 hours');
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+CALL idempotency.idem_sweep_all(2, NULL);
+SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
+\set SHOW_CONTEXT errors
+SELECT expired FROM idempotency.stats;
+CALL idempotency.idem_sweep_all(2, interval '0');
+SELECT expired, in_progress FROM idempotency.stats;
+
 -- It commits, so it cannot run inside a transaction block.
 BEGIN;
 CALL idempotency.idem_sweep_all();

@@ -32,7 +32,6 @@ fn fingerprint_jsonb(
     let Some(payload) = payload else { return Ok(None) };
     let ignore: Vec<String> = ignore.unwrap_or_default().into_iter().flatten().collect();
     let ignore: Vec<&str> = ignore.iter().map(String::as_str).collect();
-    canonical_json::fingerprint_json(&payload.to_text(), &ignore)
-        .map(Some)
+    payload.fingerprint(&ignore).map(Some)
         .map_err(|e| IdemError::invalid("payload", e.to_string()))
 }

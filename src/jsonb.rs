@@ -13,6 +13,9 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::{direct_function_call, FromDatum, IntoDatum};
 
+use crate::canonical_json::{self, CanonError, Writer};
+use crate::jsonb_canonical;
+
 #[derive(Debug, Clone, Copy)]
 pub struct Jsonb(pg_sys::Datum);
 
@@ -38,6 +41,39 @@ impl Jsonb {
     pub fn raw_size(&self) -> usize {
         // SAFETY: the datum is a valid jsonb varlena.
         unsafe { pg_sys::toast_raw_datum_size(self.0) }
+    }
+
+    /// idem_fingerprint of the value: the sha256 of its RFC 8785 canonical text, leaving out
+    /// the top-level keys in `ignore`, written from the value's binary form straight into the
+    /// hasher (jsonb_canonical).
+    ///
+    /// In a database whose encoding is not UTF-8 the strings are not UTF-8, so the value
+    /// goes through its text form and canonicalize instead.
+    pub fn fingerprint(&self, ignore: &[&str]) -> Result<String, CanonError> {
+        // SAFETY: plain function of the backend.
+        if unsafe { pg_sys::GetDatabaseEncoding() } != pg_sys::pg_enc::PG_UTF8 as i32 {
+            let canonical = canonical_json::canonicalize(&self.to_text(), ignore)?;
+            return Ok(canonical_json::sha256_tagged(canonical.as_bytes()));
+        }
+        let mut w = Writer::new(true);
+        // SAFETY: the datum is a valid jsonb varlena, detoasted into memory that lives until
+        // the function returns; the root container is its data. Each numeric handed to
+        // `number` is a numeric datum inside it.
+        unsafe {
+            let detoasted = pg_sys::pg_detoast_datum(self.0.cast_mut_ptr());
+            let root = std::slice::from_raw_parts(
+                pgrx::vardata_any(detoasted.cast()) as *const u8,
+                pgrx::varsize_any_exhdr(detoasted.cast()),
+            );
+            jsonb_canonical::write(root, ignore, &mut w, &mut |numeric, w| {
+                // Plain decimal text without trailing zeros ("1234.5", "0.001"), no exponent.
+                let text = pg_sys::numeric_normalize(numeric.as_ptr() as pg_sys::Numeric);
+                let result = w.number(CStr::from_ptr(text).to_str().unwrap_or("NaN"));
+                pg_sys::pfree(text.cast());
+                result
+            })?;
+        }
+        Ok(w.fingerprint())
     }
 
     /// PostgreSQL's text form of the value (jsonb_out).

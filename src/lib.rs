@@ -9,6 +9,7 @@ mod claim;
 mod errors;
 mod fingerprint;
 mod jsonb;
+mod jsonb_canonical;
 mod lifecycle;
 mod lookup;
 mod maintenance;

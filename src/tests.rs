@@ -148,6 +148,101 @@ mod tests {
         assert_eq!(a, expected);
     }
 
+    /// idem_fingerprint walks the jsonb's binary form; it must give exactly what the
+    /// canonicalizer gives for the jsonb's text, on thousands of generated documents with
+    /// the hard parts (key order by UTF-16, escapes, every kind of number, deep nesting).
+    #[pg_test]
+    fn jsonb_walk_matches_the_text_canonicalizer() {
+        use crate::canonical_json::fingerprint_json;
+        use crate::jsonb::Jsonb;
+        use pgrx::FromDatum;
+        let mut gen = JsonGen(0x2545_f491_4f6c_dd1d);
+        for i in 0..3000 {
+            let text = gen.value(0);
+            let cstring = std::ffi::CString::new(text.clone()).unwrap();
+            // SAFETY: jsonb_in takes a C string and returns a jsonb datum (or raises).
+            let jsonb = unsafe {
+                let datum = pgrx::direct_function_call::<pg_sys::Datum>(
+                    pg_sys::jsonb_in,
+                    &[Some(pg_sys::Datum::from(cstring.as_ptr()))],
+                )
+                .unwrap();
+                Jsonb::from_datum(datum, false).unwrap()
+            };
+            let ignore: &[&str] = if i % 3 == 0 { &["a", "\u{e9}"] } else { &[] };
+            assert_eq!(
+                jsonb.fingerprint(ignore),
+                fingerprint_json(&jsonb.to_text(), ignore),
+                "document {text}"
+            );
+        }
+    }
+
+    /// Random JSON texts (a fixed seed, so a failure repeats).
+    struct JsonGen(u64);
+
+    impl JsonGen {
+        fn next(&mut self) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 16) as usize
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[self.next() % from.len()]
+        }
+
+        fn string(&mut self) -> String {
+            const PARTS: &[&str] = &[
+                "a", "b", "ab", "", "\u{e9}", "\u{e000}", "\u{10000}", "\u{1f600}", "\u{65e5}\u{672c}",
+                "\"", "\\", "\n", "\u{1}", "\u{1f}", "\u{7f}", "/", " ", "Z", "\u{ffff}",
+            ];
+            let mut raw = String::new();
+            for _ in 0..self.next() % 4 {
+                raw.push_str(self.pick(PARTS));
+            }
+            let mut out = String::from("\"");
+            for c in raw.chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+            out
+        }
+
+        fn value(&mut self, depth: usize) -> String {
+            const NUMBERS: &[&str] = &[
+                "0", "-0", "1", "-1", "1.0", "2.50", "1e21", "1e20", "1E+2", "1e-7", "-1.5e-7",
+                "0.1", "-12.5", "123456789012345678901234", "9007199254740993", "999999999999999",
+                "1000000000000000", "-999999999999999", "5e-324", "1.7976931348623157e308",
+                "1e-400", "333333333.33333329", "1424953923781206.25", "0.000001", "100",
+            ];
+            let kind = if depth >= 5 { self.next() % 4 } else { self.next() % 6 };
+            match kind {
+                0 => self.string(),
+                1 => self.pick(NUMBERS).to_string(),
+                2 => self.pick(&["true", "false", "null"]).to_string(),
+                3 => (self.next() % 100_000).to_string(),
+                4 => {
+                    let items: Vec<String> =
+                        (0..self.next() % 5).map(|_| self.value(depth + 1)).collect();
+                    format!("[{}]", items.join(","))
+                }
+                _ => {
+                    let members: Vec<String> = (0..self.next() % 6)
+                        .map(|_| format!("{}:{}", self.string(), self.value(depth + 1)))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }
+            }
+        }
+    }
+
     #[pg_test(error = "argument \"key\" must not be null")]
     fn null_key_is_refused() {
         outcome("'acct', NULL");

@@ -7,12 +7,13 @@
 #              a run claims are deleted after it, so every run starts at its level.
 #  2. sweep    at the largest level, --expired expired records (default 1 million) are added,
 #              then CALL idempotency.idem_sweep_all() deletes them while pgbench keeps
-#              claiming at a fixed rate (a quarter of what 2 clients reached at the largest
+#              claiming at a fixed rate from --sweep-clients connections (default 8; a quarter
+#              of what 2 clients reached at the largest
 #              level, or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
 #              during the sweep against the same load without it, and table and index sizes
-#              before the sweep, after it, and after a VACUUM. Twice (--sweep-variants): with
-#              idem_sweep_all as installed (batches of 10000 back to back), and "paced" (batches
-#              of 1000 with a 20 ms pause), each on a fresh set of expired records.
+#              before the sweep, after it, and after a VACUUM. Once for each --sweep-variants
+#              (sweep_cmd below: idem_sweep_all's defaults, batches of 1000 with 10 ms pauses;
+#              "fast", batches of 10000 back to back), each on a fresh set of expired records.
 #  3. churn    for each storage configuration (default; fillfactor 85; aggressive table-level
 #              autovacuum; both; and an experiment without the partial index, which lets the
 #              complete be a HOT update), a database of its own with --churn-base live records,
@@ -21,7 +22,8 @@
 #              sizes, HOT updates, autovacuum runs and claim p50 / p99.
 #
 #   bench/expiry.sh [--seconds S] [--clients "2 16"] [--rounds R] [--levels "10000 1000000 10000000"]
-#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "all paced"]
+#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "default fast 1000/20ms"]
+#                   [--sweep-clients N]
 #                   [--churn-seconds S] [--churn-rate TPS]
 #                   [--churn-base N] [--configs "default ff85 av ff85_av ff85_nopartial"]
 #                   [--phases "levels sweep churn"] [--port P] [--dir DIR] [--out DIR]
@@ -41,7 +43,8 @@ ROUNDS=2
 LEVELS="10000 1000000 10000000"
 EXPIRED=1000000
 SWEEP_RATE=""
-SWEEP_VARIANTS="all paced"
+SWEEP_VARIANTS="default fast"
+SWEEP_CLIENTS=8
 CHURN_SECONDS=180
 CHURN_RATE=500
 CHURN_BASE=500000
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
         --expired) EXPIRED=$2; shift 2 ;;
         --sweep-rate) SWEEP_RATE=$2; shift 2 ;;
         --sweep-variants) SWEEP_VARIANTS=$2; shift 2 ;;
+        --sweep-clients) SWEEP_CLIENTS=$2; shift 2 ;;
         --churn-seconds) CHURN_SECONDS=$2; shift 2 ;;
         --churn-rate) CHURN_RATE=$2; shift 2 ;;
         --churn-base) CHURN_BASE=$2; shift 2 ;;
@@ -172,34 +176,23 @@ fi
 
 # ----------------------------------------------------------------------------------- sweep
 # sweep_cmd VARIANT: the statement that sweeps.
-#   all    CALL idempotency.idem_sweep_all(): batches of 10000 as fast as it can
-#   paced  batches of 1000 with a 20 ms pause after each (bench_sweep_paced below): what a
-#          pause argument of idem_sweep_all would give
+#   default      CALL idempotency.idem_sweep_all(): batches of 1000, a 10 ms pause after each
+#   fast         CALL idempotency.idem_sweep_all(10000, '0'): batches of 10000 back to back
+#                (release 0.1.0's idem_sweep_all)
+#   BATCH/PAUSE  CALL idempotency.idem_sweep_all(BATCH, 'PAUSE'), e.g. 1000/20ms
 sweep_cmd() {
     case $1 in
-        all) echo "CALL idempotency.idem_sweep_all()" ;;
-        paced) echo "CALL bench_sweep_paced(1000, 0.02)" ;;
+        default) echo "CALL idempotency.idem_sweep_all()" ;;
+        fast) echo "CALL idempotency.idem_sweep_all(10000, '0')" ;;
+        */*) echo "CALL idempotency.idem_sweep_all(${1%%/*}, '${1#*/}')" ;;
         *) echo "unknown sweep variant $1" >&2; exit 2 ;;
     esac
 }
 if [[ " $PHASES " == *" sweep "* ]]; then
     rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 4 ))}
-    q <<'SQL'
-CREATE PROCEDURE bench_sweep_paced(batch int, pause float8) LANGUAGE plpgsql AS $$
-DECLARE n bigint; total bigint := 0;
-BEGIN
-    LOOP
-        n := idempotency.idem_sweep(batch);
-        total := total + n;
-        COMMIT;
-        EXIT WHEN n < batch;
-        PERFORM pg_sleep(pause);
-    END LOOP;
-    RAISE NOTICE 'idem_sweep_all: deleted % expired rows', total;
-END $$;
-SQL
     next_id=$((LAST_LEVEL + 1))
     for sv in $SWEEP_VARIANTS; do
+        svf=${sv//\//-}  # in file names
         echo "== sweep ($sv): adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
         populate "$next_id" $((next_id + EXPIRED - 1)) 1
         next_id=$((next_id + EXPIRED))
@@ -214,26 +207,26 @@ SQL
 
         # The same claim load without a sweep: 20 s (smoke: 4 s).
         base_s=$([ "$SMOKE" = 1 ] && echo 4 || echo 20)
-        pgb "$DB" "$OUT/logs/sweep-$sv-baseline" -c 2 -j 2 -R "$rate" -T "$base_s" \
-            -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$sv-baseline.out" 2>&1
-        base=$(window "$OUT/logs/sweep-$sv-baseline")
+        pgb "$DB" "$OUT/logs/sweep-$svf-baseline" -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T "$base_s" \
+            -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$svf-baseline.out" 2>&1
+        base=$(window "$OUT/logs/sweep-$svf-baseline")
 
         # The sweep, with the claims running in 2 s pgbench runs until it is over.
         l0=$(wal_lsn)
         ts=$(now_s)
-        q -c "$(sweep_cmd "$sv")" 2>"$OUT/sweep-$sv.notice" &
+        q -c "$(sweep_cmd "$sv")" 2>"$OUT/sweep-$svf.notice" &
         sweep_pid=$!
         n=0
         while kill -0 "$sweep_pid" 2>/dev/null; do
             n=$((n + 1))
-            pgb "$DB" "$OUT/logs/sweep-$sv-during.$n" -c 2 -j 2 -R "$rate" -T 2 \
-                -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$sv-during.$n.out" 2>&1
+            pgb "$DB" "$OUT/logs/sweep-$svf-during.$n" -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T 2 \
+                -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$svf-during.$n.out" 2>&1
         done
         wait "$sweep_pid"
         te=$(now_s)
         wal=$(wal_diff "$l0" "$(wal_lsn)")
-        deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep-$sv.notice")
-        during=$(window $(for i in $(seq 1 $n); do echo "$OUT/logs/sweep-$sv-during.$i"; done) --from "$ts" --to "$te")
+        deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep-$svf.notice")
+        during=$(window $(for i in $(seq 1 $n); do echo "$OUT/logs/sweep-$svf-during.$i"; done) --from "$ts" --to "$te")
         secs=$(echo "$te - $ts" | bc)
         sizes "after the sweep" >>"$SUMMARY"
         q -c "VACUUM idempotency.keys"
@@ -243,13 +236,18 @@ SQL
             echo
             echo "Table after VACUUM: $free (pgstattuple_approx)."
             echo
-            echo "| | seconds | claims | claims/s | p50 ms | p99 ms | max ms |"
-            echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-            echo "| claims at $rate/s, no sweep | $(jget seconds <<<"$base") | $(jget n <<<"$base") | $(jget tps <<<"$base") | $(jget p50_ms <<<"$base") | $(jget p99_ms <<<"$base") | $(jget max_ms <<<"$base") |"
-            echo "| claims at $rate/s during the sweep | $(jget seconds <<<"$during") | $(jget n <<<"$during") | $(jget tps <<<"$during") | $(jget p50_ms <<<"$during") | $(jget p99_ms <<<"$during") | $(jget max_ms <<<"$during") |"
+            echo "| | seconds | claims | claims/s | p50 ms | p99 ms | max ms | own p50 ms | own p99 ms |"
+            echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            for w in base during; do
+                j=${!w}
+                label=$([ $w = base ] && echo "no sweep" || echo "during the sweep")
+                echo "| claims at $rate/s, $label | $(jget seconds <<<"$j") | $(jget n <<<"$j") | $(jget tps <<<"$j") | $(jget p50_ms <<<"$j") | $(jget p99_ms <<<"$j") | $(jget max_ms <<<"$j") | $(jget p50_service_ms <<<"$j") | $(jget p99_service_ms <<<"$j") |"
+            done
+            echo
+            echo "($SWEEP_CLIENTS clients. p50 / p99: from each claim's scheduled start, as the client waits for it, schedule lag included; own: the transaction's own time, lag left out.)"
             echo
             echo "Sweep ($(sweep_cmd "$sv")): $deleted rows in $secs s = **$(echo "scale=0; $deleted / $secs" | bc) rows/s**, $(echo "scale=0; $wal / $deleted" | bc) bytes of WAL per row swept (claims' WAL included);"
-            echo "claims' p99 during the sweep / without it: **$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")x**."
+            echo "claims' p99 during the sweep / without it: **$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")x** (own time: **$($PY -c "print(round($(jget p99_service_ms <<<"$during") / $(jget p99_service_ms <<<"$base"), 2))")x**)."
             echo
         } | tee -a "$SUMMARY"
     done

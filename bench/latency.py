@@ -12,7 +12,8 @@ thread n writes P.<pid>.<n>.
       RESULTS_DIR/summary.tsv and RESULTS_DIR/summary.md and prints the Markdown.
   latency.py window PREFIX [PREFIX...] [--from EPOCH] [--to EPOCH]
       one JSON object: n, tps, p50_ms, p99_ms, max_ms of the transactions of those logs that
-      ended inside the window (all of them without --from/--to).
+      ended inside the window (all of them without --from/--to); for logs of pgbench --rate
+      also p50_service_ms and p99_service_ms, the latencies less the schedule lag.
 """
 import glob
 import json
@@ -22,8 +23,10 @@ import statistics
 import sys
 
 
-def read_logs(prefix, t_from=None, t_to=None):
-    """(latencies in µs, failures, first start, last end) of the logs written with this prefix."""
+def read_logs(prefix, t_from=None, t_to=None, service=None):
+    """(latencies in µs, failures, first start, last end) of the logs written with this prefix.
+    With pgbench --rate a line also has the schedule lag (how late the transaction started);
+    when `service` is a list, each latency minus its lag (the transaction's own time) goes there."""
     lat, failed, first, last = [], 0, math.inf, -math.inf
     for path in glob.glob(glob.escape(prefix) + ".*"):
         with open(path) as f:
@@ -42,6 +45,8 @@ def read_logs(prefix, t_from=None, t_to=None):
                     continue
                 us = int(parts[2])
                 lat.append(us)
+                if service is not None and len(parts) >= 7 and parts[6].isdigit():
+                    service.append(us - int(parts[6]))
                 first = min(first, end - us / 1e6)
                 last = max(last, end)
     return lat, failed, first, last
@@ -56,9 +61,9 @@ def pct(sorted_values, p):
 
 
 def window(prefixes, t_from=None, t_to=None):
-    lat, failed, first, last = [], 0, math.inf, -math.inf
+    lat, failed, first, last, service = [], 0, math.inf, -math.inf, []
     for p in prefixes:
-        l, f, a, b = read_logs(p, t_from, t_to)
+        l, f, a, b = read_logs(p, t_from, t_to, service)
         lat += l
         failed += f
         first, last = min(first, a), max(last, b)
@@ -72,6 +77,9 @@ def window(prefixes, t_from=None, t_to=None):
         "p50_ms": round(pct(lat, 50) / 1000, 3) if lat else None,
         "p99_ms": round(pct(lat, 99) / 1000, 3) if lat else None,
         "max_ms": round(lat[-1] / 1000, 3) if lat else None,
+        # Without the schedule lag (logs of pgbench --rate only): the transactions' own time.
+        "p50_service_ms": round(pct(sorted(service), 50) / 1000, 3) if service else None,
+        "p99_service_ms": round(pct(sorted(service), 99) / 1000, 3) if service else None,
     }
 
 

@@ -45,17 +45,26 @@ xid_next() { q -c 'SELECT pg_snapshot_xmax(pg_current_snapshot())'; }
 wal_lsn() { q -c 'SELECT pg_current_wal_insert_lsn()'; }
 wal_diff() { q -c "SELECT pg_wal_lsn_diff('$2', '$1')::bigint"; }
 
-# variant_sql NAME: SQL that turns idempotency.keys as installed into a schema variant, for
-# measuring a change to sql/bootstrap.sql before making it (bench/variants.sh, profile.sh).
+# variant_sql NAME: SQL that turns idempotency.keys as installed (release 0.2.0) into a schema
+# variant, for measuring what a part of the schema costs (bench/variants.sh, profile.sh).
 variant_sql() {
     case $1 in
         installed) echo "" ;;
-        nochecks) echo "ALTER TABLE idempotency.keys DROP CONSTRAINT keys_status_check, DROP CONSTRAINT keys_lease_check, DROP CONSTRAINT keys_response_check;" ;;
-        ipidx) echo "DROP INDEX idempotency.keys_in_progress_idx; CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until) WHERE status = 'in_progress' AND locked_until IS NOT NULL;" ;;
-        both) echo "$(variant_sql nochecks) $(variant_sql ipidx)" ;;
-        # An experiment, not a proposal: no index on status or locked_until at all, so that
-        # completing a claim can be a HOT update (idem_reclaim_stale would have to scan).
-        hot) echo "$(variant_sql nochecks) DROP INDEX idempotency.keys_in_progress_idx;" ;;
+        # Release 0.1.0's table: three CHECK constraints, and a partial index whose predicate
+        # idem_complete's UPDATE implies (so on a big table it scans every claim in flight).
+        v010) echo "ALTER TABLE idempotency.keys
+                  ADD CONSTRAINT keys_status_check CHECK (status IN ('in_progress', 'completed')),
+                  ADD CONSTRAINT keys_lease_check CHECK ((status = 'in_progress') = (locked_until IS NOT NULL)),
+                  ADD CONSTRAINT keys_response_check CHECK ((status = 'completed') = (response_status IS NOT NULL));
+                  DROP INDEX idempotency.keys_in_progress_idx;
+                  CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until) WHERE status = 'in_progress';" ;;
+        # Experiments, not proposals: without the index idem_sweep reads expired records by
+        # (noexpidx; the sweep would scan the table), without the index idem_reclaim_stale and
+        # idempotency.stats read claims in flight by (hot; completing a claim becomes a HOT
+        # update), and with neither (pkonly).
+        noexpidx) echo "DROP INDEX idempotency.keys_expires_at_idx;" ;;
+        hot) echo "DROP INDEX idempotency.keys_in_progress_idx;" ;;
+        pkonly) echo "$(variant_sql noexpidx) $(variant_sql hot)" ;;
         *) echo "unknown variant $1" >&2; return 1 ;;
     esac
 }

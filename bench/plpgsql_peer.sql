@@ -14,7 +14,8 @@
 --   fingerprint  'sha256:' || hex of the jsonb's text form (not RFC 8785 canonical JSON: the
 --             extension's fingerprint does more work for a stronger answer).
 --
--- Same table layout, constraints and indexes as idempotency.keys / idempotency.messages.
+-- Same table layout, constraints and indexes as idempotency.keys / idempotency.messages
+-- (release 0.2.0: no CHECK constraints, the partial index's predicate names locked_until).
 -- Load with: psql -v ON_ERROR_STOP=1 -f bench/plpgsql_peer.sql
 
 DROP SCHEMA IF EXISTS peer CASCADE;
@@ -37,13 +38,11 @@ CREATE TABLE peer.keys (
     updated_at       timestamptz NOT NULL,
     completed_at     timestamptz,
     expires_at       timestamptz NOT NULL,
-    CONSTRAINT keys_pkey PRIMARY KEY (scope, key),
-    CONSTRAINT keys_status_check CHECK (status IN ('in_progress', 'completed')),
-    CONSTRAINT keys_lease_check CHECK ((status = 'in_progress') = (locked_until IS NOT NULL)),
-    CONSTRAINT keys_response_check CHECK ((status = 'completed') = (response_status IS NOT NULL))
+    CONSTRAINT keys_pkey PRIMARY KEY (scope, key)
 );
 CREATE INDEX keys_expires_at_idx ON peer.keys (expires_at);
-CREATE INDEX keys_in_progress_idx ON peer.keys (locked_until) WHERE status = 'in_progress';
+CREATE INDEX keys_in_progress_idx ON peer.keys (locked_until)
+    WHERE status = 'in_progress' AND locked_until IS NOT NULL;
 
 CREATE TABLE peer.messages (
     scope      text        NOT NULL,

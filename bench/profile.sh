@@ -5,7 +5,7 @@
 # these figures are the same on a busy machine and a quiet one.
 #
 #   bench/profile.sh [--calls N] [--paths "replay in_progress claim_complete seen_dup fp_64k"]
-#                    [--variant installed|nochecks|ipidx|both] [--port P] [--dir DIR]
+#                    [--variant installed|v010|noexpidx|hot|pkonly] [--port P] [--dir DIR]
 #                    [--out DIR] [--smoke]
 #   --variant: idempotency.keys changed as bench/variants.sh describes (lib.sh variant_sql)
 #   --impls "ext peer floor": which implementations to run

@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
-# Two changes to sql/bootstrap.sql, measured before they are made: claim + complete
-# (bench/scripts/claim_complete.ext.sql) on idempotency.keys as installed and in variants:
-#   installed  as CREATE EXTENSION makes it
-#   ipidx      keys_in_progress_idx with predicate "status = 'in_progress' AND locked_until IS
-#              NOT NULL": idem_reclaim_stale's and the takeover's "locked_until <= now()" still
-#              imply it, but the fenced UPDATEs of idem_complete / idem_checkpoint /
-#              idem_release ("status = 'in_progress'" only) can no longer use the index, so the
-#              planner takes the primary key. As installed, on a table of mostly completed
-#              records the planner runs idem_complete's UPDATE as a scan of every in_progress
-#              entry of keys_in_progress_idx (live and dead) with a filter on scope and key.
-#   nochecks   without the three CHECK constraints: PostgreSQL parses every CHECK
-#              constraint's expression (stringToNode) and plans it again for each INSERT and
-#              UPDATE statement; the functions are the only writers and already guarantee them.
-#   both       ipidx and nochecks.
+# What each part of idempotency.keys costs a claim + complete
+# (bench/scripts/claim_complete.ext.sql), on the table as installed and in variants
+# (bench/lib.sh variant_sql):
+#   installed  as CREATE EXTENSION makes it (release 0.2.0)
+#   v010       release 0.1.0's table: three CHECK constraints (PostgreSQL 15 parses and plans
+#              each again for every INSERT and UPDATE), and keys_in_progress_idx with the
+#              predicate "status = 'in_progress'" only, which idem_complete's fenced UPDATE
+#              implies: on a table of mostly completed records the planner ran that UPDATE as
+#              a scan of every in_progress entry (live and dead) with a filter on scope and key
+#   noexpidx   without keys_expires_at_idx (what idem_sweep reads expired records by)
+#   hot        without keys_in_progress_idx (what idem_reclaim_stale and idempotency.stats read
+#              claims in flight by): completing a claim becomes a HOT update
+#   pkonly     with neither: the least a table with these columns can cost
 #   peer       the PL/pgSQL peer (bench/plpgsql_peer.sql) on the same records, for reference
 #   floor      the raw SQL floor (bench/setup.sql's idempotency_keys) on the same records
 # Each variant gets a database of its own with --rows completed records (ANALYZEd, as a
 # production table would be); the variants alternate in every round.
 #
 #   bench/variants.sh [--seconds S] [--clients "2 16"] [--rounds R] [--rows N]
-#                     [--variants "installed ipidx nochecks both peer floor"] [--port P] [--out DIR] [--smoke]
+#                     [--variants "installed v010 noexpidx hot pkonly peer floor"] [--port P] [--out DIR] [--smoke]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 SECONDS_PER_RUN=10; CLIENTS="2 16"; ROUNDS=3; ROWS=1000000
-VARIANTS="installed ipidx nochecks both peer floor"; PORT=55464; OUT=""; SMOKE=0
+VARIANTS="installed v010 noexpidx hot pkonly peer floor"; PORT=55464; OUT=""; SMOKE=0
 while [ $# -gt 0 ]; do
     case $1 in
         --seconds) SECONDS_PER_RUN=$2; shift 2 ;;

@@ -12,8 +12,8 @@
 #              level, or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
 #              during the sweep against the same load without it, and table and index sizes
 #              before the sweep, after it, and after a VACUUM. Once for each --sweep-variants
-#              (sweep_cmd below: idem_sweep_all's defaults, batches of 1000 with 10 ms pauses;
-#              "fast", batches of 10000 back to back), each on a fresh set of expired records.
+#              (sweep_cmd below: idem_sweep_all's defaults, batches of 10000 back to back;
+#              "paced", batches of 1000 with 10 ms pauses), each on a fresh set of expired records.
 #  3. churn    for each storage configuration (default; fillfactor 85; aggressive table-level
 #              autovacuum; both; and an experiment without the partial index, which lets the
 #              complete be a HOT update), a database of its own with --churn-base live records,
@@ -22,7 +22,7 @@
 #              sizes, HOT updates, autovacuum runs and claim p50 / p99.
 #
 #   bench/expiry.sh [--seconds S] [--clients "2 16"] [--rounds R] [--levels "10000 1000000 10000000"]
-#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "default fast 1000/20ms"]
+#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "default paced 1000/20ms"]
 #                   [--sweep-clients N]
 #                   [--churn-seconds S] [--churn-rate TPS]
 #                   [--churn-base N] [--configs "default ff85 av ff85_av ff85_nopartial"]
@@ -43,7 +43,7 @@ ROUNDS=2
 LEVELS="10000 1000000 10000000"
 EXPIRED=1000000
 SWEEP_RATE=""
-SWEEP_VARIANTS="default fast"
+SWEEP_VARIANTS="default paced"
 SWEEP_CLIENTS=8
 CHURN_SECONDS=180
 CHURN_RATE=500
@@ -176,14 +176,14 @@ fi
 
 # ----------------------------------------------------------------------------------- sweep
 # sweep_cmd VARIANT: the statement that sweeps.
-#   default      CALL idempotency.idem_sweep_all(): batches of 1000, a 10 ms pause after each
-#   fast         CALL idempotency.idem_sweep_all(10000, '0'): batches of 10000 back to back
-#                (release 0.1.0's idem_sweep_all)
+#   default      CALL idempotency.idem_sweep_all(): batches of 10000 back to back
+#   paced        CALL idempotency.idem_sweep_all(1000, '10ms'): batches of 1000, a 10 ms
+#                pause after each
 #   BATCH/PAUSE  CALL idempotency.idem_sweep_all(BATCH, 'PAUSE'), e.g. 1000/20ms
 sweep_cmd() {
     case $1 in
         default) echo "CALL idempotency.idem_sweep_all()" ;;
-        fast) echo "CALL idempotency.idem_sweep_all(10000, '0')" ;;
+        paced) echo "CALL idempotency.idem_sweep_all(1000, '10ms')" ;;
         */*) echo "CALL idempotency.idem_sweep_all(${1%%/*}, '${1#*/}')" ;;
         *) echo "unknown sweep variant $1" >&2; exit 2 ;;
     esac

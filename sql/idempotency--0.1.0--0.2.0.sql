@@ -34,11 +34,11 @@ SELECT
     (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages;
 
 
--- idem_sweep_all pauses between batches (new argument `pause`), in batches of 1000 by default.
+-- idem_sweep_all can pause between batches (new argument `pause`, none by default).
 DROP PROCEDURE idempotency.idem_sweep_all(int);
 CREATE PROCEDURE idempotency.idem_sweep_all(
-    batch_size int DEFAULT 1000,
-    pause interval DEFAULT '10 milliseconds'
+    batch_size int DEFAULT 10000,
+    pause interval DEFAULT '0'
 )
 LANGUAGE plpgsql
 AS $$

@@ -458,14 +458,15 @@ COMMENT ON VIEW idempotency.stats IS
     'awaiting idem_sweep, and the age of the oldest in_progress claim.';
 
 -- Sweeps a backlog of any size in batches of batch_size, committing after each, until a
--- batch finds fewer rows than it could take, and sleeps for `pause` after each full batch so
--- that the claims keep the machine (on 2 cores, back-to-back batches of 10000 sweep about
--- 80,000 rows a second and the defaults about 35,000; BENCHMARKS.md, Expiry at scale).
--- CALL it outside a transaction block (pg_cron does). No SET search_path here: a procedure
--- that commits cannot have one, so every name and operator is qualified instead.
+-- batch finds fewer rows than it could take; with a `pause`, it sleeps that long after each
+-- full batch, for an operator who wants the sweep to take less of a busy machine at once
+-- (on 2 cores pacing did not measurably lower the claims' p99, so by default there is none:
+-- BENCHMARKS.md, Expiry at scale). CALL it outside a transaction block (pg_cron does). No
+-- SET search_path here: a procedure that commits cannot have one, so every name and
+-- operator is qualified instead.
 CREATE PROCEDURE idempotency.idem_sweep_all(
-    batch_size int DEFAULT 1000,
-    pause interval DEFAULT '10 milliseconds'
+    batch_size int DEFAULT 10000,
+    pause interval DEFAULT '0'
 )
 LANGUAGE plpgsql
 AS $$

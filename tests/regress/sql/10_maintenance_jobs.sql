@@ -23,9 +23,9 @@ SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 CALL idempotency.idem_sweep_all(7);
 SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 
--- `pause` (default 10 milliseconds) is how long it sleeps after each full batch, to leave
--- the claims the machine; 0 sweeps back to back. A negative pause, or one over an hour, is
--- refused (22023) before anything is deleted.
+-- `pause` (default none) is how long it sleeps after each full batch, to spread a big sweep
+-- out. A negative pause, one over an hour, or NULL is refused (22023) before anything is
+-- deleted.
 INSERT INTO idempotency.keys (scope, key, status, token, response_status, created_at, updated_at, expires_at)
 SELECT 'jobs', 'old-' || i, 'completed', gen_random_uuid(), 200,
        now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
@@ -39,7 +39,7 @@ CALL idempotency.idem_sweep_all(2, NULL);
 SELECT :'LAST_ERROR_SQLSTATE' AS sqlstate;
 \set SHOW_CONTEXT errors
 SELECT expired FROM idempotency.stats;
-CALL idempotency.idem_sweep_all(2, interval '0');
+CALL idempotency.idem_sweep_all(2, interval '1 millisecond');
 SELECT expired, in_progress FROM idempotency.stats;
 
 -- It commits, so it cannot run inside a transaction block.

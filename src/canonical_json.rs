@@ -258,7 +258,7 @@ pub fn sort_members<T>(members: &mut [(&[u8], T)]) {
             utf16_order(&String::from_utf8_lossy(a), &String::from_utf8_lossy(b))
         });
     } else {
-        members.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        members.sort_unstable_by_key(|(key, _)| *key);
     }
 }
 

@@ -25,6 +25,9 @@ const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
 const JENTRY_ISNULL: u32 = 0x4000_0000;
 const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
 
+/// Writes a numeric datum's canonical text (the caller's: numbers need the server).
+pub type NumberWriter<'a, 'f> = &'f mut dyn FnMut(&'a [u8], &mut Writer) -> Result<(), CanonError>;
+
 /// One child of a container.
 #[derive(Clone, Copy)]
 pub enum Item<'a> {
@@ -103,7 +106,7 @@ pub fn write<'a>(
     root: &'a [u8],
     ignore: &[&str],
     w: &mut Writer,
-    number: &mut dyn FnMut(&'a [u8], &mut Writer) -> Result<(), CanonError>,
+    number: NumberWriter<'a, '_>,
 ) -> Result<(), CanonError> {
     let (header, mut children) = Children::of(root)?;
     if header & JB_FSCALAR != 0 {
@@ -192,7 +195,7 @@ fn open<'a>(
 fn write_scalar<'a>(
     item: Item<'a>,
     w: &mut Writer,
-    number: &mut dyn FnMut(&'a [u8], &mut Writer) -> Result<(), CanonError>,
+    number: NumberWriter<'a, '_>,
 ) -> Result<(), CanonError> {
     match item {
         Item::String(s) => w.string_bytes(s),

@@ -908,30 +908,24 @@ mod tests {
 
         // Plain decimals as numeric_out writes them take a shortcut (no double formatting):
         // it must agree with the double path of canonicalize on every length and position.
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = crate::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..20_000 {
-            let len = 1 + next(18) as usize;
-            let mut digits: String = (0..len).map(|_| char::from(b'0' + next(10) as u8)).collect();
-            if next(4) == 0 {
-                digits.push_str(&"0".repeat(next(30) as usize)); // trailing zeros
+            let len = 1 + rng.below(18);
+            let mut digits: String = (0..len).map(|_| char::from(b'0' + rng.below(10) as u8)).collect();
+            if rng.below(4) == 0 {
+                digits.push_str(&"0".repeat(rng.below(30))); // trailing zeros
             }
-            let text = match next(3) {
+            let text = match rng.below(3) {
                 0 => digits.trim_start_matches('0').to_string(),
-                1 => format!("0.{}{digits}", "0".repeat(next(20) as usize)),
+                1 => format!("0.{}{digits}", "0".repeat(rng.below(20))),
                 _ => {
                     let int = digits.trim_start_matches('0');
-                    let cut = next(int.len() as u64 + 1) as usize;
+                    let cut = rng.below(int.len() + 1);
                     format!("{}.{}", if cut == 0 { "0" } else { &int[..cut] }, &int[cut..])
                 }
             };
             let text = if text.is_empty() || text.ends_with('.') { "0".to_string() } else { text };
-            let text = if next(2) == 0 { format!("-{text}") } else { text };
+            let text = if rng.below(2) == 0 { format!("-{text}") } else { text };
             assert_eq!(number_via_writer(&text), Ok(canon(&text)), "number {text}");
         }
     }
@@ -1390,6 +1384,7 @@ mod tests {
     /// escaped canonicalize like the compact writing, and canonicalizing is idempotent.
     mod random {
         use super::super::canonicalize;
+        use crate::test_rng::Rng;
 
         enum Json {
             Null,
@@ -1400,21 +1395,8 @@ mod tests {
             Obj(Vec<(String, Json)>),
         }
 
-        /// xorshift64*
-        struct Rng(u64);
-
+        // Random values from the tests' generator (test_rng::Rng).
         impl Rng {
-            fn next(&mut self) -> u64 {
-                self.0 ^= self.0 >> 12;
-                self.0 ^= self.0 << 25;
-                self.0 ^= self.0 >> 27;
-                self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-            }
-
-            fn below(&mut self, n: usize) -> usize {
-                (self.next() % n as u64) as usize
-            }
-
             fn number(&mut self) -> f64 {
                 if self.below(2) == 0 {
                     return self.below(2001) as f64 - 1000.0;

@@ -15,6 +15,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 
 use crate::canonical_json::{canonicalize, fingerprint_json, sha256_tagged, CanonError, MAX_DEPTH};
+use crate::test_rng::Rng;
 use crate::validate::{key_text, MAX_KEY_CHARS};
 
 // ---------------------------------------------------------------------------------------
@@ -133,21 +134,8 @@ fn expected_text(value: &Json) -> String {
 // ---------------------------------------------------------------------------------------
 // Writing a value as some client might: any whitespace, any member order, any escapes.
 
-/// xorshift64*, seeded by proptest, so that a failing case shrinks and replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+// The random choices come from test_rng::Rng, seeded by proptest, so that a failing case
+// shrinks and replays.
 
 struct Style {
     rng: Rng,

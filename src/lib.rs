@@ -18,6 +18,8 @@ mod settings;
 mod spi;
 mod validate;
 #[cfg(test)] mod fuzz_tests;
+#[cfg(any(test, feature = "pg_test"))]
+mod test_rng;
 
 // In-process tests need a server: `cargo pgrx test` turns them on; plain `cargo test` runs the pure ones.
 #[cfg(feature = "pg_test")]

@@ -156,7 +156,7 @@ mod tests {
         use crate::canonical_json::fingerprint_json;
         use crate::jsonb::Jsonb;
         use pgrx::FromDatum;
-        let mut gen = JsonGen(0x2545_f491_4f6c_dd1d);
+        let mut gen = JsonGen(crate::test_rng::Rng(0x2545_f491_4f6c_dd1d));
         for i in 0..3000 {
             let text = gen.value(0);
             let cstring = std::ffi::CString::new(text.clone()).unwrap();
@@ -178,19 +178,16 @@ mod tests {
         }
     }
 
-    /// Random JSON texts (a fixed seed, so a failure repeats).
-    struct JsonGen(u64);
+    /// Random JSON texts, from the tests' generator (a fixed seed, so a failure repeats).
+    struct JsonGen(crate::test_rng::Rng);
 
     impl JsonGen {
-        fn next(&mut self) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 16) as usize
+        fn below(&mut self, n: usize) -> usize {
+            self.0.below(n)
         }
 
         fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-            from[self.next() % from.len()]
+            from[self.below(from.len())]
         }
 
         fn string(&mut self) -> String {
@@ -199,7 +196,7 @@ mod tests {
                 "\"", "\\", "\n", "\u{1}", "\u{1f}", "\u{7f}", "/", " ", "Z", "\u{ffff}",
             ];
             let mut raw = String::new();
-            for _ in 0..self.next() % 4 {
+            for _ in 0..self.below(4) {
                 raw.push_str(self.pick(PARTS));
             }
             let mut out = String::from("\"");
@@ -222,19 +219,19 @@ mod tests {
                 "1000000000000000", "-999999999999999", "5e-324", "1.7976931348623157e308",
                 "1e-400", "333333333.33333329", "1424953923781206.25", "0.000001", "100",
             ];
-            let kind = if depth >= 5 { self.next() % 4 } else { self.next() % 6 };
+            let kind = self.below(if depth >= 5 { 4 } else { 6 });
             match kind {
                 0 => self.string(),
                 1 => self.pick(NUMBERS).to_string(),
                 2 => self.pick(&["true", "false", "null"]).to_string(),
-                3 => (self.next() % 100_000).to_string(),
+                3 => self.below(100_000).to_string(),
                 4 => {
                     let items: Vec<String> =
-                        (0..self.next() % 5).map(|_| self.value(depth + 1)).collect();
+                        (0..self.below(5)).map(|_| self.value(depth + 1)).collect();
                     format!("[{}]", items.join(","))
                 }
                 _ => {
-                    let members: Vec<String> = (0..self.next() % 6)
+                    let members: Vec<String> = (0..self.below(6))
                         .map(|_| format!("{}:{}", self.string(), self.value(depth + 1)))
                         .collect();
                     format!("{{{}}}", members.join(","))

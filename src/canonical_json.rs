@@ -8,8 +8,6 @@
 //! container around it.
 
 use sha2::{Digest, Sha256};
-use std::borrow::Cow;
-use std::cmp::Ordering;
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +73,7 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                 } else if p.eat(b'}') {
                     Value::Object(Vec::new())
                 } else {
-                    let key = Some(Cow::Owned(p.member_key()?));
+                    let key = p.member_key()?;
                     stack.push(Frame::Object {
                         members: Vec::new(),
                         key,
@@ -123,9 +121,9 @@ pub fn canonicalize(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
                     }
                 }
                 Frame::Object { mut members, key } => {
-                    members.push((key.expect("a member's key is read before its value"), value));
+                    members.push((key, value));
                     if p.eat(b',') {
-                        let key = Some(Cow::Owned(p.member_key()?));
+                        let key = p.member_key()?;
                         stack.push(Frame::Object { members, key });
                         break;
                     } else if p.eat(b'}') {
@@ -156,7 +154,6 @@ fn tagged(digest: &[u8]) -> String {
 }
 
 /// sha256_tagged(canonicalize(json, ignore)?.as_bytes()): what idem_fingerprint(jsonb) gives.
-#[cfg(any(test, feature = "pg_test"))]
 pub fn fingerprint_json(json: &str, ignore: &[&str]) -> Result<String, CanonError> {
     Ok(sha256_tagged(canonicalize(json, ignore)?.as_bytes()))
 }
@@ -250,65 +247,50 @@ impl Writer {
     }
 }
 
-/// Sorts an object's members (with distinct keys, as in a jsonb object) into JCS order.
-/// Keys are UTF-8 bytes.
-pub fn sort_members<T>(members: &mut [(&[u8], T)]) {
-    if members.iter().any(|(key, _)| needs_utf16_order(key)) {
-        members.sort_unstable_by(|(a, _), (b, _)| {
-            utf16_order(&String::from_utf8_lossy(a), &String::from_utf8_lossy(b))
+/// Sorts an object's members into JCS order: by the UTF-16 code units of their keys (UTF-8
+/// text). That is the order of the UTF-8 bytes except between characters above U+FFFF (4
+/// bytes, lead byte F0-F4) and U+E000-U+FFFF (lead byte EE or EF), which UTF-16 orders the
+/// other way round: only objects with keys holding such characters take the slower
+/// comparison. Stable: members with equal keys keep their order.
+pub fn sort_members<K: AsRef<[u8]>, T>(members: &mut [(K, T)]) {
+    if members.iter().any(|(key, _)| key.as_ref().iter().any(|&b| b >= 0xee)) {
+        members.sort_by(|(a, _), (b, _)| {
+            let (a, b) = (String::from_utf8_lossy(a.as_ref()), String::from_utf8_lossy(b.as_ref()));
+            a.encode_utf16().cmp(b.encode_utf16())
         });
     } else {
-        members.sort_unstable_by_key(|(key, _)| *key);
+        members.sort_by(|(a, _), (b, _)| a.as_ref().cmp(b.as_ref()));
     }
 }
 
-/// A value read completely, in canonical order but not yet written out. Keys are decoded;
-/// they borrow from the input where it holds them decoded already (a jsonb value does).
-enum Value<'k> {
+/// A value read completely, in canonical order but not yet written out.
+enum Value {
     /// A scalar: its canonical text is `scalars[start..end]`.
     Text(usize, usize),
-    Array(Vec<Value<'k>>),
-    /// Members sorted by key, duplicates and ignored keys already dropped.
-    Object(Vec<Member<'k>>),
+    Array(Vec<Value>),
+    /// Members sorted by key, duplicates and ignored keys already dropped; keys decoded.
+    Object(Vec<(String, Value)>),
 }
-
-type Member<'k> = (Cow<'k, str>, Value<'k>);
 
 /// A container still being read.
-enum Frame<'k> {
-    Array(Vec<Value<'k>>),
-    /// `key` is the key whose value is being read (None between members).
+enum Frame {
+    Array(Vec<Value>),
+    /// `key` is the (decoded) key whose value is being read.
     Object {
-        members: Vec<Member<'k>>,
-        key: Option<Cow<'k, str>>,
+        members: Vec<(String, Value)>,
+        key: String,
     },
-}
-
-/// JCS orders keys by UTF-16 code units. That is the order of the UTF-8 bytes except
-/// between characters above U+FFFF (4 bytes, lead byte F0-F4) and U+E000-U+FFFF (lead
-/// byte EE or EF), which UTF-16 orders the other way round: only objects with keys holding
-/// such characters need the slower comparison.
-fn utf16_order(a: &str, b: &str) -> Ordering {
-    a.encode_utf16().cmp(b.encode_utf16())
-}
-
-fn needs_utf16_order(key: &[u8]) -> bool {
-    key.iter().any(|&x| x >= 0xee)
 }
 
 /// An object's members in canonical order: without the keys in `ignore`, sorted, and of
 /// duplicate keys only the last one read.
-fn sorted_members<'k>(mut members: Vec<Member<'k>>, ignore: &[&str]) -> Vec<Member<'k>> {
+fn sorted_members(mut members: Vec<(String, Value)>, ignore: &[&str]) -> Vec<(String, Value)> {
     if !ignore.is_empty() {
-        members.retain(|(key, _)| !ignore.contains(&key.as_ref()));
+        members.retain(|(key, _)| !ignore.contains(&key.as_str()));
     }
-    // The sort is stable, so among duplicate keys the last one read comes last, and that
-    // is the one kept.
-    if members.iter().any(|(key, _)| needs_utf16_order(key.as_bytes())) {
-        members.sort_by(|(a, _), (b, _)| utf16_order(a, b));
-    } else {
-        members.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
-    }
+    // sort_members is stable, so among duplicate keys the last one read comes last, and
+    // that is the one kept.
+    sort_members(&mut members);
     // `later` is dropped when it repeats the key of `kept`; its value, read later, moves
     // into `kept` first.
     members.dedup_by(|later, kept| {
@@ -322,10 +304,10 @@ fn sorted_members<'k>(mut members: Vec<Member<'k>>, ignore: &[&str]) -> Vec<Memb
 }
 
 /// Writes the canonical text of `root`, once, without recursion.
-fn render(root: Value<'_>, scalars: &str) -> String {
-    enum Open<'k> {
-        Array(std::vec::IntoIter<Value<'k>>),
-        Object(std::vec::IntoIter<Member<'k>>),
+fn render(root: Value, scalars: &str) -> String {
+    enum Open {
+        Array(std::vec::IntoIter<Value>),
+        Object(std::vec::IntoIter<(String, Value)>),
     }
     // The output is the scalars' text plus punctuation and keys: a good first guess.
     let mut out = String::with_capacity(scalars.len() + 2);
@@ -597,7 +579,7 @@ impl Parser<'_> {
     }
 
     /// Reads `word` (true, false or null), which is its own canonical text.
-    fn literal(&mut self, word: &'static str, out: &mut String) -> Result<Value<'static>, CanonError> {
+    fn literal(&mut self, word: &'static str, out: &mut String) -> Result<Value, CanonError> {
         if !self.text[self.pos..].starts_with(word) {
             return Err(self.error("invalid literal"));
         }

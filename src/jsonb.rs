@@ -52,8 +52,7 @@ impl Jsonb {
     pub fn fingerprint(&self, ignore: &[&str]) -> Result<String, CanonError> {
         // SAFETY: plain function of the backend.
         if unsafe { pg_sys::GetDatabaseEncoding() } != pg_sys::pg_enc::PG_UTF8 as i32 {
-            let canonical = canonical_json::canonicalize(&self.to_text(), ignore)?;
-            return Ok(canonical_json::sha256_tagged(canonical.as_bytes()));
+            return canonical_json::fingerprint_json(&self.to_text(), ignore);
         }
         let mut w = Writer::new(true);
         // SAFETY: the datum is a valid jsonb varlena, detoasted into memory that lives until

@@ -449,10 +449,21 @@ async fn same_transaction(app: App, r: ChargeRequest) -> Result<Response, Failur
             return Ok(answer_without_work(&c));
         }
     };
+    record_charge(tx, &r, &token, None).await
+}
+
+/// The charge row and its stored 201 response, written in `tx` (fenced by the claim's token),
+/// then COMMIT: how both endpoints finish a charge.
+async fn record_charge(
+    tx: tokio_postgres::Transaction<'_>,
+    r: &ChargeRequest,
+    token: &str,
+    gateway_charge_id: Option<&str>,
+) -> Result<Response, Failure> {
     let row = tx
         .query_one(
             INSERT_CHARGE,
-            &[&r.tenant, &r.amount, &r.currency, &None::<&str>],
+            &[&r.tenant, &r.amount, &r.currency, &gateway_charge_id],
         )
         .await?;
     let (id, body): (String, String) = (row.get(0), row.get(1));
@@ -649,35 +660,7 @@ async fn committed_first(app: App, r: ChargeRequest) -> Result<Response, Failure
         ],
     )
     .await?;
-    let row = tx
-        .query_one(
-            INSERT_CHARGE,
-            &[
-                &r.tenant,
-                &r.amount,
-                &r.currency,
-                &Some(gateway_charge_id.as_str()),
-            ],
-        )
-        .await?;
-    let (id, body): (String, String) = (row.get(0), row.get(1));
-    let headers = json!({"Location": format!("/charges/{id}"), "Content-Type": "application/json"});
-    let stored: String = tx
-        .query_one(
-            COMPLETE,
-            &[
-                &r.scope,
-                &r.key,
-                &token,
-                &201i32,
-                &body,
-                &headers.to_string(),
-            ],
-        )
-        .await?
-        .get(0);
-    tx.commit().await?;
-    Ok(stored_response(201, &headers, &stored))
+    record_charge(tx, &r, &token, Some(&gateway_charge_id)).await
 }
 
 fn gateway_unknown(app: &App, why: &str) -> Response {

@@ -6,14 +6,15 @@
 #              1 million, 10 million; made with INSERT ... SELECT generate_series). The rows
 #              a run claims are deleted after it, so every run starts at its level.
 #  2. sweep    at the largest level, --expired expired records (default 1 million) are added,
-#              then CALL idempotency.idem_sweep_all() deletes them while pgbench keeps
-#              claiming at a fixed rate from --sweep-clients connections (default 8; a quarter
-#              of what 2 clients reached at the largest
-#              level, or --sweep-rate): the sweep rate in rows per second, the claims' p50 / p99
-#              during the sweep against the same load without it, and table and index sizes
-#              before the sweep, after it, and after a VACUUM. Once for each --sweep-variants
-#              (sweep_cmd below: idem_sweep_all's defaults, batches of 10000 back to back;
-#              "paced", batches of 1000 with 10 ms pauses), each on a fresh set of expired records.
+#              then idem_sweep_all deletes them while one pgbench run keeps claiming at a
+#              fixed rate from --sweep-clients connections (default 8; at a quarter of what 2
+#              clients reached at the largest level, or --sweep-rate): the sweep rate in rows
+#              per second, the claims' p50 / p99 during the sweep against the 20 s of the same
+#              run just before it, and table and index sizes before the sweep, after it, and
+#              after a VACUUM. Once for each word of --sweep-variants (sweep_cmd below;
+#              default "default fast default fast": idem_sweep_all's defaults, batches of 200
+#              with 4 ms pauses, and batches of 10000 back to back, twice each, alternating),
+#              each on a fresh set of expired records.
 #  3. churn    for each storage configuration (default; fillfactor 85; aggressive table-level
 #              autovacuum; both; and an experiment without the partial index, which lets the
 #              complete be a HOT update), a database of its own with --churn-base live records,
@@ -22,7 +23,7 @@
 #              sizes, HOT updates, autovacuum runs and claim p50 / p99.
 #
 #   bench/expiry.sh [--seconds S] [--clients "2 16"] [--rounds R] [--levels "10000 1000000 10000000"]
-#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "default paced 1000/20ms"]
+#                   [--expired N] [--sweep-rate TPS] [--sweep-variants "default fast 1000/20ms"]
 #                   [--sweep-clients N]
 #                   [--churn-seconds S] [--churn-rate TPS]
 #                   [--churn-base N] [--configs "default ff85 av ff85_av ff85_nopartial"]
@@ -43,7 +44,7 @@ ROUNDS=2
 LEVELS="10000 1000000 10000000"
 EXPIRED=1000000
 SWEEP_RATE=""
-SWEEP_VARIANTS="default paced"
+SWEEP_VARIANTS="default fast default fast"
 SWEEP_CLIENTS=8
 CHURN_SECONDS=180
 CHURN_RATE=500
@@ -176,14 +177,14 @@ fi
 
 # ----------------------------------------------------------------------------------- sweep
 # sweep_cmd VARIANT: the statement that sweeps.
-#   default      CALL idempotency.idem_sweep_all(): batches of 10000 back to back
-#   paced        CALL idempotency.idem_sweep_all(1000, '10ms'): batches of 1000, a 10 ms
-#                pause after each
+#   default      CALL idempotency.idem_sweep_all(): batches of 200, a 4 ms pause after each
+#   fast         CALL idempotency.idem_sweep_all(10000, '0'): batches of 10000 back to back
+#                (0.2.0's default)
 #   BATCH/PAUSE  CALL idempotency.idem_sweep_all(BATCH, 'PAUSE'), e.g. 1000/20ms
 sweep_cmd() {
     case $1 in
         default) echo "CALL idempotency.idem_sweep_all()" ;;
-        paced) echo "CALL idempotency.idem_sweep_all(1000, '10ms')" ;;
+        fast) echo "CALL idempotency.idem_sweep_all(10000, '0')" ;;
         */*) echo "CALL idempotency.idem_sweep_all(${1%%/*}, '${1#*/}')" ;;
         *) echo "unknown sweep variant $1" >&2; exit 2 ;;
     esac
@@ -191,8 +192,10 @@ sweep_cmd() {
 if [[ " $PHASES " == *" sweep "* ]]; then
     rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 4 ))}
     next_id=$((LAST_LEVEL + 1))
+    n_sweep=0
     for sv in $SWEEP_VARIANTS; do
-        svf=${sv//\//-}  # in file names
+        n_sweep=$((n_sweep + 1))
+        svf=$n_sweep-${sv//\//-}  # in file names
         echo "== sweep ($sv): adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
         populate "$next_id" $((next_id + EXPIRED - 1)) 1
         next_id=$((next_id + EXPIRED))
@@ -205,28 +208,27 @@ if [[ " $PHASES " == *" sweep "* ]]; then
             sizes "before the sweep"
         } >>"$SUMMARY"
 
-        # The same claim load without a sweep: 20 s (smoke: 4 s).
+        # One pgbench run at a fixed rate, its connections open throughout: base_s seconds
+        # without a sweep (after 3 s of warm-up), then the sweep, then 3 s more; then it is
+        # killed (its logs are complete up to their last few milliseconds, after the window).
         base_s=$([ "$SMOKE" = 1 ] && echo 4 || echo 20)
-        pgb "$DB" "$OUT/logs/sweep-$svf-baseline" -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T "$base_s" \
-            -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$svf-baseline.out" 2>&1
-        base=$(window "$OUT/logs/sweep-$svf-baseline")
-
-        # The sweep, with the claims running in 2 s pgbench runs until it is over.
+        p=$OUT/logs/sweep-$svf
+        pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -l --log-prefix="$p" \
+            -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T 3600 \
+            -f "$BENCH/scripts/claim_complete.ext.sql" "$DB" >"$p.out" 2>&1 &
+        BG_PIDS+=($!); pg_pid=$!
+        sleep $((base_s + 3))
         l0=$(wal_lsn)
         ts=$(now_s)
-        q -c "$(sweep_cmd "$sv")" 2>"$OUT/sweep-$svf.notice" &
-        sweep_pid=$!
-        n=0
-        while kill -0 "$sweep_pid" 2>/dev/null; do
-            n=$((n + 1))
-            pgb "$DB" "$OUT/logs/sweep-$svf-during.$n" -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T 2 \
-                -f "$BENCH/scripts/claim_complete.ext.sql" >"$OUT/logs/sweep-$svf-during.$n.out" 2>&1
-        done
-        wait "$sweep_pid"
+        q -c "$(sweep_cmd "$sv")" 2>"$OUT/sweep-$svf.notice"
         te=$(now_s)
         wal=$(wal_diff "$l0" "$(wal_lsn)")
+        sleep 3
+        kill -TERM "$pg_pid" 2>/dev/null || true
+        wait "$pg_pid" 2>/dev/null || true
+        base=$(window "$p" --from "$(echo "$ts - $base_s" | bc)" --to "$ts")
+        during=$(window "$p" --from "$ts" --to "$te")
         deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep-$svf.notice")
-        during=$(window $(for i in $(seq 1 $n); do echo "$OUT/logs/sweep-$svf-during.$i"; done) --from "$ts" --to "$te")
         secs=$(echo "$te - $ts" | bc)
         sizes "after the sweep" >>"$SUMMARY"
         q -c "VACUUM idempotency.keys"

@@ -23,9 +23,11 @@ SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 CALL idempotency.idem_sweep_all(7);
 SELECT expired, expired_messages, in_progress FROM idempotency.stats;
 
--- `pause` (default none) is how long it sleeps after each full batch, to spread a big sweep
--- out. A negative pause, one over an hour, or NULL is refused (22023) before anything is
--- deleted.
+-- `pause` is how long it sleeps after each full batch. By default it sweeps in short
+-- bursts, 200 rows and a 4 ms pause, so that it slows the claims running beside it less;
+-- idem_sweep_all(10000, '0') is as fast as it goes. A negative pause, one over an hour, or
+-- NULL is refused (22023) before anything is deleted.
+SELECT pg_get_function_arguments('idempotency.idem_sweep_all'::regproc) AS arguments;
 INSERT INTO idempotency.keys (scope, key, status, token, response_status, created_at, updated_at, expires_at)
 SELECT 'jobs', 'old-' || i, 'completed', gen_random_uuid(), 200,
        now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'

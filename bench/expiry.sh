@@ -181,8 +181,11 @@ fi
 #   fast         CALL idempotency.idem_sweep_all(10000, '0'): batches of 10000 back to back
 #                (0.2.0's default)
 #   BATCH/PAUSE  CALL idempotency.idem_sweep_all(BATCH, 'PAUSE'), e.g. 1000/20ms
+#   busy         a control, not a sweep: a backend that spins for 12 s without touching a
+#                table (no expired records are added for it)
 sweep_cmd() {
     case $1 in
+        busy) echo "DO \$\$ DECLARE t timestamptz := clock_timestamp(); BEGIN WHILE clock_timestamp() < t + interval '12 s' LOOP END LOOP; END \$\$" ;;
         default) echo "CALL idempotency.idem_sweep_all()" ;;
         fast) echo "CALL idempotency.idem_sweep_all(10000, '0')" ;;
         */*) echo "CALL idempotency.idem_sweep_all(${1%%/*}, '${1#*/}')" ;;
@@ -193,14 +196,18 @@ if [[ " $PHASES " == *" sweep "* ]]; then
     rate=${SWEEP_RATE:-$(( ${LAST_TPS2:-2000} / 4 ))}
     next_id=$((LAST_LEVEL + 1))
     n_sweep=0
+    printf 'variant\tseconds\trows\trows_per_s\tclaims_per_s\tp99_ms_without\tp99_ms_during\tratio\town_p99_ms_without\town_p99_ms_during\town_ratio\n' >"$OUT/sweeps.tsv"
     for sv in $SWEEP_VARIANTS; do
         n_sweep=$((n_sweep + 1))
         svf=$n_sweep-${sv//\//-}  # in file names
-        echo "== sweep ($sv): adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
-        populate "$next_id" $((next_id + EXPIRED - 1)) 1
-        next_id=$((next_id + EXPIRED))
+        if [ "$sv" != busy ]; then
+            echo "== sweep ($sv): adding $EXPIRED expired records to $LAST_LEVEL live ones; claims at $rate/s"
+            populate "$next_id" $((next_id + EXPIRED - 1)) 1
+            next_id=$((next_id + EXPIRED))
+        fi
         q -c "VACUUM ANALYZE idempotency.keys"
         {
+            [ "$sv" = busy ] && echo "### Control: a busy backend that touches no table, among $LAST_LEVEL live records" ||
             echo "### Sweeping $EXPIRED expired records among $LAST_LEVEL live ones: $(sweep_cmd "$sv")"
             echo
             echo "| when | table | indexes | total | rows | dead tuples |"
@@ -229,10 +236,14 @@ if [[ " $PHASES " == *" sweep "* ]]; then
         base=$(window "$p" --from "$(echo "$ts - $base_s" | bc)" --to "$ts")
         during=$(window "$p" --from "$ts" --to "$te")
         deleted=$(sed -n 's/.*deleted \([0-9]*\) expired rows.*/\1/p' "$OUT/sweep-$svf.notice")
+        deleted=${deleted:-0}
         secs=$(echo "$te - $ts" | bc)
         sizes "after the sweep" >>"$SUMMARY"
         q -c "VACUUM idempotency.keys"
         sizes "after VACUUM" >>"$SUMMARY"
+        ratio=$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")
+        own_ratio=$($PY -c "print(round($(jget p99_service_ms <<<"$during") / $(jget p99_service_ms <<<"$base"), 2))")
+        rows_s=$([ "$deleted" -gt 0 ] && echo "scale=0; $deleted / $secs" | bc || echo 0)
         free=$(q -c "SELECT round(approx_free_percent::numeric, 1) || ' % free space, ' || round(dead_tuple_percent::numeric, 1) || ' % dead' FROM pgstattuple_approx('idempotency.keys')")
         {
             echo
@@ -248,10 +259,14 @@ if [[ " $PHASES " == *" sweep "* ]]; then
             echo
             echo "($SWEEP_CLIENTS clients. p50 / p99: from each claim's scheduled start, as the client waits for it, schedule lag included; own: the transaction's own time, lag left out.)"
             echo
-            echo "Sweep ($(sweep_cmd "$sv")): $deleted rows in $secs s = **$(echo "scale=0; $deleted / $secs" | bc) rows/s**, $(echo "scale=0; $wal / $deleted" | bc) bytes of WAL per row swept (claims' WAL included);"
-            echo "claims' p99 during the sweep / without it: **$($PY -c "print(round($(jget p99_ms <<<"$during") / $(jget p99_ms <<<"$base"), 2))")x** (own time: **$($PY -c "print(round($(jget p99_service_ms <<<"$during") / $(jget p99_service_ms <<<"$base"), 2))")x**)."
+            [ "$sv" = busy ] && echo "A backend busy for $secs s ($(sweep_cmd busy));" ||
+            echo "Sweep ($(sweep_cmd "$sv")): $deleted rows in $secs s = **$rows_s rows/s**, $(echo "scale=0; $wal / $deleted" | bc) bytes of WAL per row swept (claims' WAL included);"
+            echo "claims' p99 during it / without it: **${ratio}x** (own time: **${own_ratio}x**)."
             echo
         } | tee -a "$SUMMARY"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$svf" "$secs" "$deleted" "$rows_s" "$rate" \
+            "$(jget p99_ms <<<"$base")" "$(jget p99_ms <<<"$during")" "$ratio" \
+            "$(jget p99_service_ms <<<"$base")" "$(jget p99_service_ms <<<"$during")" "$own_ratio" >>"$OUT/sweeps.tsv"
     done
 fi
 

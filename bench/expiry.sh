@@ -101,9 +101,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pgb() {  # pgb DB LOGPREFIX pgbench-args...: claim+complete, prepared, logged
+# pgbench against this cluster, prepared, with a per-transaction log.
+PGBENCH=(pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -l)
+pgb() {  # pgb DB LOGPREFIX pgbench-args...
     local db=$1 prefix=$2; shift 2
-    pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -l --log-prefix="$prefix" "$@" "$db"
+    "${PGBENCH[@]}" --log-prefix="$prefix" "$@" "$db"
 }
 window() { $PY "$BENCH/latency.py" window "$@"; }
 jget() { $PY -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
@@ -218,10 +220,10 @@ if [[ " $PHASES " == *" sweep "* ]]; then
         # One pgbench run at a fixed rate, its connections open throughout: base_s seconds
         # without a sweep (after 3 s of warm-up), then the sweep, then 3 s more; then it is
         # killed (its logs are complete up to their last few milliseconds, after the window).
+        # Not through pgb: $! must be pgbench itself, not a subshell running a function.
         base_s=$([ "$SMOKE" = 1 ] && echo 4 || echo 20)
         p=$OUT/logs/sweep-$svf
-        pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -l --log-prefix="$p" \
-            -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T 3600 \
+        "${PGBENCH[@]}" --log-prefix="$p" -c "$SWEEP_CLIENTS" -j 2 -R "$rate" -T 3600 \
             -f "$BENCH/scripts/claim_complete.ext.sql" "$DB" >"$p.out" 2>&1 &
         BG_PIDS+=($!); pg_pid=$!
         sleep $((base_s + 3))

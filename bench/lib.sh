@@ -45,7 +45,7 @@ xid_next() { q -c 'SELECT pg_snapshot_xmax(pg_current_snapshot())'; }
 wal_lsn() { q -c 'SELECT pg_current_wal_insert_lsn()'; }
 wal_diff() { q -c "SELECT pg_wal_lsn_diff('$2', '$1')::bigint"; }
 
-# variant_sql NAME: SQL that turns idempotency.keys as installed (release 0.2.0) into a schema
+# variant_sql NAME: SQL that turns idempotency.keys as installed (releases 0.2.0 and 0.3.0) into a schema
 # variant, for measuring what a part of the schema costs (bench/variants.sh, profile.sh).
 variant_sql() {
     case $1 in

@@ -2,7 +2,7 @@
 # What each part of idempotency.keys costs a claim + complete
 # (bench/scripts/claim_complete.ext.sql), on the table as installed and in variants
 # (bench/lib.sh variant_sql):
-#   installed  as CREATE EXTENSION makes it (release 0.2.0)
+#   installed  as CREATE EXTENSION makes it (releases 0.2.0 and 0.3.0: the same table)
 #   v010       release 0.1.0's table: three CHECK constraints (PostgreSQL 15 parses and plans
 #              each again for every INSERT and UPDATE), and keys_in_progress_idx with the
 #              predicate "status = 'in_progress'" only, which idem_complete's fenced UPDATE

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{self, PgOid};
-use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiHeapTupleData, SpiResult, SpiTupleTable};
+use pgrx::{FromDatum, IntoDatum};
 
 use crate::errors::IdemError;
 
@@ -63,16 +64,41 @@ pub fn run<'conn>(
     result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"))
 }
 
-/// Value of column `n` (1-based) of the current row, copied out of SPI's memory.
-pub fn col<T: pgrx::FromDatum + pgrx::IntoDatum>(table: &SpiTupleTable<'_>, n: usize) -> Option<T> {
-    table.get::<T>(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))
+/// A row whose columns are read by name: the current row of a result (`SpiTupleTable`), or
+/// a row taken from it while iterating (`SpiHeapTupleData`).
+pub trait Columns {
+    fn by_name<T: FromDatum + IntoDatum>(&self, name: &str) -> SpiResult<Option<T>>;
 }
 
-/// Column `n` of the current row as the datum SPI holds, typed as the column is: for
+impl Columns for SpiTupleTable<'_> {
+    fn by_name<T: FromDatum + IntoDatum>(&self, name: &str) -> SpiResult<Option<T>> {
+        self.get_by_name(name)
+    }
+}
+
+impl Columns for SpiHeapTupleData<'_> {
+    fn by_name<T: FromDatum + IntoDatum>(&self, name: &str) -> SpiResult<Option<T>> {
+        self.get_by_name(name)
+    }
+}
+
+/// Column `name` of `row`, copied out of SPI's memory.
+pub fn get<T: FromDatum + IntoDatum>(row: &impl Columns, name: &str) -> Option<T> {
+    row.by_name(name).unwrap_or_else(|e| panic!("reading column {name} failed: {e}"))
+}
+
+/// Column `name` of `row`, which the table declares NOT NULL.
+pub fn get_not_null<T: FromDatum + IntoDatum>(row: &impl Columns, name: &str) -> T {
+    get(row, name).unwrap_or_else(|| panic!("{name} is NOT NULL"))
+}
+
+/// Column `name` of the current row as the datum SPI holds, typed as the column is: for
 /// passing a value from one statement to the next inside the same SPI connection.
-pub fn raw_col<'conn>(table: &SpiTupleTable<'conn>, n: usize) -> Option<DatumWithOid<'conn>> {
-    let datum = table.get_datum_by_ordinal(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))?;
-    let oid = table.column_type_oid(n).unwrap_or_else(|e| panic!("typing column {n} failed: {e}"));
+pub fn get_datum<'conn>(table: &SpiTupleTable<'conn>, name: &str) -> Option<DatumWithOid<'conn>> {
+    let n = table.column_ordinal(name).unwrap_or_else(|e| panic!("no column {name}: {e}"));
+    let datum =
+        table.get_datum_by_ordinal(n).unwrap_or_else(|e| panic!("reading column {name} failed: {e}"))?;
+    let oid = table.column_type_oid(n).unwrap_or_else(|e| panic!("typing column {name} failed: {e}"));
     // SAFETY: the datum and its type come from the same column of SPI's current tuple table,
     // which lives until SPI_finish.
     Some(unsafe { DatumWithOid::new(datum, oid.value()) })

@@ -46,6 +46,13 @@ ALTER TABLE idempotency.keys SET (
 -- idem_sweep: expired records, oldest first.
 CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
 
+-- The sweep with tombstones on (idempotency.tombstone_ttl): records that still hold a
+-- response, by expiry, so that each batch finds the expired ones to turn into tombstones
+-- without stepping over the tombstones it already made. A claim (no response yet) is not
+-- in it; a tombstone leaves it.
+CREATE INDEX keys_responses_idx ON idempotency.keys (expires_at)
+    WHERE response_body IS NOT NULL OR response_headers IS NOT NULL;
+
 -- idem_reclaim_stale and idempotency.stats: in_progress records by end of lease.
 -- Partial, so it stays as small as the number of claims in flight. The predicate names
 -- locked_until too, so that it is implied only by queries on the lease ("locked_until <=
@@ -92,5 +99,5 @@ CREATE TYPE idempotency.claim_result AS (
 );
 
 COMMENT ON TYPE idempotency.claim_result IS
-    'What idem_claim answers: outcome is claimed, reclaimed, replay, in_progress or mismatch. '
+    'What idem_claim answers: outcome is claimed, reclaimed, replay, in_progress, mismatch or expired (tombstones on). '
     'locked_until (added after the contract''s columns) is the end of the owner''s lease.';

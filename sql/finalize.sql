@@ -20,11 +20,16 @@ SELECT
       WHERE status = 'in_progress' AND locked_until IS NOT NULL
         AND expires_at > now())                                                AS oldest_in_progress_age,
     (SELECT count(*) FROM idempotency.messages WHERE expires_at > now())       AS messages,
-    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages;
+    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages,
+    (SELECT count(*) FROM idempotency.keys
+      WHERE status = 'completed' AND expires_at <= now()
+        AND expires_at > now() - pg_catalog.coalesce(
+              pg_catalog.current_setting('idempotency.tombstone_ttl', true), '0')::interval) AS tombstones;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
-    'awaiting idem_sweep, and the age of the oldest in_progress claim.';
+    'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
+    'completed records inside idempotency.tombstone_ttl; counted in expired too).';
 
 -- Sweeps a backlog of any size in batches of batch_size, committing after each, until a
 -- batch finds fewer rows than it could take, sleeping `pause` after each full batch. By

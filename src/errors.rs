@@ -9,6 +9,8 @@ use std::ffi::{c_char, c_int, CString};
 pub enum IdemError {
     /// 22004: a NULL where a value is required.
     NullArgument { arg: &'static str },
+    /// 22004: a NULL element of an array argument (position counted from 1).
+    NullElement { arg: &'static str, position: usize },
     /// 22023: a value that is not acceptable for the argument.
     InvalidArgument { arg: &'static str, problem: String },
     /// 54000: a stored response or checkpoint larger than idempotency.max_response_size.
@@ -32,7 +34,7 @@ impl IdemError {
 
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            IdemError::NullArgument { .. } => "22004",
+            IdemError::NullArgument { .. } | IdemError::NullElement { .. } => "22004",
             IdemError::InvalidArgument { .. } => "22023",
             IdemError::TooLarge { .. } => "54000",
             IdemError::NoLiveRecord { .. } => "IK001",
@@ -46,6 +48,9 @@ impl IdemError {
     pub fn message(&self) -> String {
         match self {
             IdemError::NullArgument { arg } => format!("argument \"{arg}\" must not be null"),
+            IdemError::NullElement { arg, position } => {
+                format!("argument \"{arg}\" must not contain nulls (element {position} is null)")
+            }
             IdemError::InvalidArgument { arg, problem } => {
                 format!("invalid argument \"{arg}\": {problem}")
             }

@@ -16,6 +16,7 @@ mod record;
 mod settings;
 mod spi;
 mod validate;
+mod wakeup;
 
 #[cfg(test)]
 mod fuzz_tests;

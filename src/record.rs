@@ -14,6 +14,8 @@ pub enum Outcome {
     InProgress,
     /// The key was used with another request fingerprint.
     Mismatch,
+    /// Tombstones on: the record was completed and has expired, but its tombstone lasts.
+    Expired,
 }
 
 impl Outcome {
@@ -24,6 +26,7 @@ impl Outcome {
             Outcome::Replay => "replay",
             Outcome::InProgress => "in_progress",
             Outcome::Mismatch => "mismatch",
+            Outcome::Expired => "expired",
         }
     }
 }
@@ -52,10 +55,16 @@ mod tests {
 
     #[test]
     fn outcomes_are_the_contracts_words() {
-        let all =
-            [Outcome::Claimed, Outcome::Reclaimed, Outcome::Replay, Outcome::InProgress, Outcome::Mismatch];
+        let all = [
+            Outcome::Claimed,
+            Outcome::Reclaimed,
+            Outcome::Replay,
+            Outcome::InProgress,
+            Outcome::Mismatch,
+            Outcome::Expired,
+        ];
         let words: Vec<&str> = all.iter().map(|o| o.as_str()).collect();
-        assert_eq!(words, ["claimed", "reclaimed", "replay", "in_progress", "mismatch"]);
+        assert_eq!(words, ["claimed", "reclaimed", "replay", "in_progress", "mismatch", "expired"]);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The `idempotency.*` settings, registered in one place.
 //!
-//! Both are intervals, so they are string settings whose check hook parses the text with
-//! PostgreSQL's own interval input (any spelling `interval` accepts: '24h', '1 day', 'PT5M')
-//! and refuses anything that is not a positive interval. The parsed value travels to the
-//! assign hook through the GUC "extra" pointer, so reading a setting costs nothing per call.
+//! The three intervals (default_ttl, default_lease, tombstone_ttl) are string settings whose
+//! check hook parses the text with PostgreSQL's own interval input (any spelling `interval`
+//! accepts: '24h', '1 day', 'PT5M') and refuses anything outside the setting's rule (positive;
+//! tombstone_ttl may also be 0, off). The parsed value travels to the assign hook through the GUC "extra" pointer, so reading a setting costs nothing per call.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr::{addr_of, addr_of_mut};
@@ -19,6 +19,9 @@ static mut DEFAULT_TTL_TEXT: *mut c_char = std::ptr::null_mut();
 static mut DEFAULT_TTL: pg_sys::Interval = pg_sys::Interval { time: 24 * 3_600_000_000, day: 0, month: 0 };
 static mut DEFAULT_LEASE_TEXT: *mut c_char = std::ptr::null_mut();
 static mut DEFAULT_LEASE: pg_sys::Interval = pg_sys::Interval { time: 5 * 60_000_000, day: 0, month: 0 };
+
+static mut TOMBSTONE_TTL_TEXT: *mut c_char = std::ptr::null_mut();
+static mut TOMBSTONE_TTL: pg_sys::Interval = pg_sys::Interval { time: 0, day: 0, month: 0 };
 
 static MAX_RESPONSE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
@@ -61,6 +64,18 @@ pub fn register() {
             Some(assign_default_lease),
             None,
         );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.tombstone_ttl".as_ptr(),
+            c"How long a completed record that expired still answers `expired` (410) instead of running again.".as_ptr(),
+            c"0 (the default) turns tombstones off; otherwise a positive interval after expires_at.".as_ptr(),
+            addr_of_mut!(TOMBSTONE_TTL_TEXT),
+            c"0".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_non_negative_interval),
+            Some(assign_tombstone_ttl),
+            None,
+        );
         pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());
     }
 }
@@ -78,6 +93,17 @@ pub fn default_ttl() -> Interval {
 pub fn default_lease() -> Interval {
     // SAFETY: as above.
     unsafe { to_interval(*addr_of!(DEFAULT_LEASE)) }
+}
+
+/// idempotency.tombstone_ttl, or None when it is zero (tombstones off).
+pub fn tombstone_ttl() -> Option<Interval> {
+    // SAFETY: as above.
+    let raw = unsafe { *addr_of!(TOMBSTONE_TTL) };
+    if raw.month == 0 && raw.day == 0 && raw.time == 0 {
+        None
+    } else {
+        Some(to_interval(raw))
+    }
 }
 
 fn to_interval(raw: pg_sys::Interval) -> Interval {
@@ -105,15 +131,40 @@ unsafe extern "C-unwind" fn check_positive_interval(
     extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
+    check_interval(newval, extra, validate::positive_interval, c"The value must be a positive interval of at most 10000 years.")
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_non_negative_interval(
+    newval: *mut *mut c_char,
+    extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    check_interval(
+        newval,
+        extra,
+        validate::non_negative_interval,
+        c"The value must be 0 (off) or a positive interval of at most 10000 years.",
+    )
+}
+
+type IntervalRule = fn(&'static str, i32, i32, i64) -> Result<(), crate::errors::IdemError>;
+
+/// A GUC check hook's work: parse, apply `rule`, hand the parsed value to the assign hook.
+unsafe fn check_interval(
+    newval: *mut *mut c_char,
+    extra: *mut *mut c_void,
+    rule: IntervalRule,
+    detail: &CStr,
+) -> bool {
     if newval.is_null() || (*newval).is_null() {
         return false;
     }
     let Some(parsed) = parse_interval(CStr::from_ptr(*newval)) else {
         return false;
     };
-    if validate::positive_interval("setting", parsed.months(), parsed.days(), parsed.micros()).is_err() {
-        pg_sys::GUC_check_errdetail_string =
-            pg_sys::pstrdup(c"The value must be a positive interval of at most 10000 years.".as_ptr());
+    if rule("setting", parsed.months(), parsed.days(), parsed.micros()).is_err() {
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
         return false;
     }
     // GUC frees "extra" with free(), so it must come from malloc.
@@ -137,5 +188,12 @@ unsafe extern "C-unwind" fn assign_default_ttl(_newval: *const c_char, extra: *m
 unsafe extern "C-unwind" fn assign_default_lease(_newval: *const c_char, extra: *mut c_void) {
     if !extra.is_null() {
         DEFAULT_LEASE = *(extra as *const pg_sys::Interval);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_tombstone_ttl(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        TOMBSTONE_TTL = *(extra as *const pg_sys::Interval);
     }
 }

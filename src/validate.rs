@@ -75,6 +75,60 @@ pub fn positive_interval(arg: &'static str, months: i32, days: i32, micros: i64)
     Ok(())
 }
 
+/// Total length in microseconds, as PostgreSQL compares intervals (a month is 30 days).
+fn total_micros(months: i32, days: i32, micros: i64) -> i128 {
+    const DAY: i128 = 86_400_000_000;
+    months as i128 * 30 * DAY + days as i128 * DAY + micros as i128
+}
+
+/// idempotency.tombstone_ttl: zero (off) or positive, at most MAX_INTERVAL_YEARS.
+pub fn non_negative_interval(arg: &'static str, months: i32, days: i32, micros: i64) -> Result<(), IdemError> {
+    if total_micros(months, days, micros) == 0 {
+        return Ok(());
+    }
+    positive_interval(arg, months, days, micros)
+        .map_err(|_| IdemError::invalid(arg, format!("must be zero or a positive interval of at most {MAX_INTERVAL_YEARS} years")))
+}
+
+/// Longest `wait` of idem_claim, in microseconds: one hour.
+pub const MAX_WAIT_MICROS: i128 = 3_600_000_000;
+
+/// idem_claim's `wait`: NULL or zero means answer at once (None); negative or over one
+/// hour is refused. Returns the wait in microseconds.
+pub fn wait_arg(value: Option<Interval>) -> Result<Option<i64>, IdemError> {
+    let Some(v) = value else { return Ok(None) };
+    let total = total_micros(v.months(), v.days(), v.micros());
+    if total < 0 {
+        return Err(IdemError::invalid("wait", "must not be negative"));
+    }
+    if total > MAX_WAIT_MICROS {
+        return Err(IdemError::invalid("wait", "must be at most 1 hour"));
+    }
+    Ok(if total == 0 { None } else { Some(total as i64) })
+}
+
+/// Most ids idem_seen_many takes in one call.
+pub const MAX_BATCH: usize = 10_000;
+
+/// idem_seen_many's `message_ids`: not NULL, at most MAX_BATCH elements, each a valid key
+/// (a NULL element is 22004, naming its position, 1-based as in SQL).
+pub fn message_ids(ids: Option<Vec<Option<&str>>>) -> Result<Vec<&str>, IdemError> {
+    let ids = required("message_ids", ids)?;
+    if ids.len() > MAX_BATCH {
+        return Err(IdemError::invalid(
+            "message_ids",
+            format!("must hold at most {MAX_BATCH} ids (got {})", ids.len()),
+        ));
+    }
+    ids.into_iter()
+        .enumerate()
+        .map(|(i, id)| match id {
+            None => Err(IdemError::NullElement { arg: "message_ids", position: i + 1 }),
+            Some(id) => key_text("message_ids", Some(id)),
+        })
+        .collect()
+}
+
 /// A ttl or lease argument: `default()` (the setting) when NULL, else it must be positive.
 pub fn interval_arg(
     arg: &'static str,
@@ -164,6 +218,41 @@ mod tests {
         assert_eq!(code(positive_interval("ttl", 12 * 10_000, 1, 0)), "22023");
         assert_eq!(code(positive_interval("lease", i32::MAX, i32::MAX, i64::MAX)), "22023");
         assert_eq!(code(positive_interval("ttl", 0, 0, i64::MAX)), "22023");
+    }
+
+    #[test]
+    fn tombstone_ttl_may_be_zero() {
+        assert!(non_negative_interval("tombstone_ttl", 0, 0, 0).is_ok());
+        assert!(non_negative_interval("tombstone_ttl", 0, 7, 0).is_ok());
+        assert_eq!(code(non_negative_interval("tombstone_ttl", 0, 0, -1)), "22023");
+        assert_eq!(code(non_negative_interval("tombstone_ttl", i32::MAX, 0, 0)), "22023");
+    }
+
+    #[test]
+    fn wait_is_zero_to_one_hour() {
+        assert_eq!(wait_arg(None), Ok(None));
+        assert_eq!(wait_arg(Some(Interval::from_micros(0))), Ok(None));
+        assert_eq!(wait_arg(Some(Interval::from_micros(5_000_000))), Ok(Some(5_000_000)));
+        assert_eq!(wait_arg(Some(Interval::from_micros(3_600_000_000))), Ok(Some(3_600_000_000)));
+        assert_eq!(code(wait_arg(Some(Interval::from_micros(3_600_000_001)))), "22023");
+        assert_eq!(code(wait_arg(Some(Interval::from_micros(-1)))), "22023");
+        assert_eq!(code(wait_arg(Some(Interval::new(0, 1, 0).unwrap()))), "22023");
+        let e = wait_arg(Some(Interval::from_micros(-1))).unwrap_err();
+        assert!(e.message().contains("\"wait\""), "{}", e.message());
+    }
+
+    #[test]
+    fn message_ids_are_keys_without_nulls() {
+        assert_eq!(message_ids(Some(vec![])), Ok(vec![]));
+        assert_eq!(message_ids(Some(vec![Some("a"), Some("a")])), Ok(vec!["a", "a"]));
+        assert_eq!(code(message_ids(None)), "22004");
+        let e = message_ids(Some(vec![Some("a"), None])).unwrap_err();
+        assert_eq!(e.sqlstate(), "22004");
+        assert!(e.message().contains("message_ids") && e.message().contains('2'), "{}", e.message());
+        assert_eq!(code(message_ids(Some(vec![Some("")]))), "22023");
+        let many = vec![Some("x"); MAX_BATCH + 1];
+        assert_eq!(code(message_ids(Some(many))), "22023");
+        assert_eq!(message_ids(Some(vec![Some("x"); MAX_BATCH])).map(|v| v.len()), Ok(MAX_BATCH));
     }
 
     #[test]

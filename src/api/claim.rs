@@ -2,6 +2,11 @@
 //! with nothing written; only a claim that goes ahead writes: an insert, the replacement
 //! of an expired record, or the takeover of a claim whose lease ended. A write that finds
 //! the record changed under it (ON CONFLICT, or a fence on the token it read) reads again.
+//!
+//! Second round: a caller-chosen `token` makes a repeated claim answer `claimed` again
+//! (nothing written); with `idempotency.tombstone_ttl` on, an expired completed record
+//! answers `expired` until its tombstone ends; a positive `wait` turns an `in_progress`
+//! answer into a wait for the owner's record to change (src/api/wait.rs).
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::heap_tuple::PgHeapTuple;
@@ -14,6 +19,7 @@ use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::record::{Outcome, Status};
 use crate::spi::{self, get, get_not_null, Kind, Statement};
+use crate::api::wait;
 use crate::{settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
@@ -22,7 +28,7 @@ const MAX_ROUNDS: usize = 10;
 
 static READ: Statement = Statement {
     sql: "SELECT fingerprint, status, token, attempts, locked_until, expires_at, \
-                 response_status, response_headers, response_body \
+                 response_status, response_headers, response_body, recovery_point, recovery_data \
           FROM idempotency.keys \
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
@@ -77,8 +83,10 @@ fn idem_claim(
     fingerprint: default!(Option<&str>, "NULL"),
     ttl: default!(Option<Interval>, "NULL"),
     lease: default!(Option<Interval>, "NULL"),
+    wait: default!(Option<Interval>, "NULL"),
+    token: default!(Option<Uuid>, "NULL"),
 ) -> pgrx::composite_type!('static, "idempotency.claim_result") {
-    claim(scope, key, fingerprint, ttl, lease).or_raise().into_tuple(fcinfo)
+    claim(scope, key, fingerprint, ttl, lease, wait, token).or_raise().into_tuple(fcinfo)
 }
 
 /// The columns of READ that decide the answer.
@@ -106,150 +114,199 @@ impl Stored {
     }
 }
 
+/// What a claim asks for, checked.
+pub(crate) struct Request<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) key: &'a str,
+    fingerprint: Option<&'a str>,
+    ttl: Interval,
+    lease: Interval,
+    /// The caller's token, stored by a new claim or a takeover.
+    token: Option<Uuid>,
+}
+
 fn claim(
     scope: Option<&str>,
     key: Option<&str>,
     fingerprint: Option<&str>,
     ttl: Option<Interval>,
     lease: Option<Interval>,
+    wait: Option<Interval>,
+    token: Option<Uuid>,
 ) -> Result<Answer, IdemError> {
-    let scope = validate::key_text("scope", scope)?;
-    let key = validate::key_text("key", key)?;
-    let ttl = validate::interval_arg("ttl", ttl, settings::default_ttl)?;
-    let lease = validate::interval_arg("lease", lease, settings::default_lease)?;
+    let request = Request {
+        scope: validate::key_text("scope", scope)?,
+        key: validate::key_text("key", key)?,
+        fingerprint,
+        ttl: validate::interval_arg("ttl", ttl, settings::default_ttl)?,
+        lease: validate::interval_arg("lease", lease, settings::default_lease)?,
+        token,
+    };
+    let wait = validate::wait_arg(wait)?;
     spi::require_primary("idem_claim")?;
-    let now = spi::now();
+    let answer = Spi::connect_mut(|client| claim_at(client, &request, spi::now()))?;
+    match wait {
+        Some(micros) if answer.outcome == Outcome::InProgress && wait::can_wait() => {
+            wait::until_changed(&request, micros, |now| {
+                Spi::connect_mut(|client| claim_at(client, &request, now))
+            })
+        }
+        _ => Ok(answer),
+    }
+}
+
+/// One claim as of `now`: read, then write only when the claim goes ahead.
+fn claim_at(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    request: &Request<'_>,
+    now: TimestampWithTimeZone,
+) -> Result<Answer, IdemError> {
+    let (scope, key, fingerprint, caller_token) = (request.scope, request.key, request.fingerprint, request.token);
+    let (ttl, lease) = (request.ttl, request.lease);
     let expires_at = now + ttl;
     let lease_end = now + lease;
+    let new_token = || caller_token.unwrap_or_else(spi::new_token);
 
-    Spi::connect_mut(|client| {
-        for _ in 0..MAX_ROUNDS {
-            let found = spi::run(client, &READ, &[scope.into(), key.into()]);
-            if found.is_empty() {
-                let token = spi::new_token();
-                spi::run(
-                    client,
-                    &INSERT,
-                    &[
-                        scope.into(),
-                        key.into(),
-                        fingerprint.into(),
-                        token.into(),
-                        lease_end.into(),
-                        now.into(),
-                        expires_at.into(),
-                    ],
-                );
-                if spi::processed() == 1 {
-                    return Ok(Answer::claimed(
-                        Outcome::Claimed,
-                        token,
-                        1,
-                        lease_end,
-                        expires_at,
-                        None,
-                        None,
-                    ));
-                }
-                continue; // another transaction inserted it first: read what it left
-            }
-
-            let row = found.first();
-            let stored = Stored::read(&row);
-            if stored.expires_at <= now {
-                let token = spi::new_token();
-                spi::run(
-                    client,
-                    &REPLACE_EXPIRED,
-                    &[
-                        scope.into(),
-                        key.into(),
-                        fingerprint.into(),
-                        token.into(),
-                        lease_end.into(),
-                        now.into(),
-                        expires_at.into(),
-                        stored.token.into(),
-                    ],
-                );
-                if spi::processed() == 1 {
-                    return Ok(Answer::claimed(
-                        Outcome::Claimed,
-                        token,
-                        1,
-                        lease_end,
-                        expires_at,
-                        None,
-                        None,
-                    ));
-                }
-                continue;
-            }
-
-            if stored.fingerprint.as_deref() != fingerprint {
-                return Ok(Answer::mismatch(stored.expires_at));
-            }
-            if stored.status == Status::Completed {
-                let response_status: Option<i32> = get(&row, "response_status");
-                return Ok(Answer {
-                    http_status: response_status,
-                    response_status,
-                    response_headers: get(&row, "response_headers"),
-                    response_body: get(&row, "response_body"),
-                    attempts: Some(stored.attempts),
-                    expires_at: Some(stored.expires_at),
-                    ..Answer::empty(Outcome::Replay)
-                });
-            }
-            let locked_until = stored.locked_until.expect("in_progress has a lease");
-            if locked_until > now {
-                return Ok(Answer {
-                    http_status: Some(409),
-                    attempts: Some(stored.attempts),
-                    expires_at: Some(stored.expires_at),
-                    locked_until: Some(locked_until),
-                    ..Answer::empty(Outcome::InProgress)
-                });
-            }
-
-            // The owner's lease ended: take the claim over, fenced on the token we read.
-            let token = spi::new_token();
-            let attempts = stored.attempts + 1;
-            let new_expires = if stored.expires_at > expires_at { stored.expires_at } else { expires_at };
-            let taken = spi::run(
+    for _ in 0..MAX_ROUNDS {
+        let found = spi::run(client, &READ, &[scope.into(), key.into()]);
+        if found.is_empty() {
+            let token = new_token();
+            spi::run(
                 client,
-                &TAKE_OVER,
+                &INSERT,
                 &[
                     scope.into(),
                     key.into(),
+                    fingerprint.into(),
                     token.into(),
-                    attempts.into(),
                     lease_end.into(),
                     now.into(),
-                    new_expires.into(),
+                    expires_at.into(),
+                ],
+            );
+            if spi::processed() == 1 {
+                return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
+            }
+            continue; // another transaction inserted it first: read what it left
+        }
+
+        let row = found.first();
+        let stored = Stored::read(&row);
+        if stored.expires_at <= now {
+            if stored.status == Status::Completed && tombstone_lasts(stored.expires_at, now) {
+                if stored.fingerprint.as_deref() != fingerprint {
+                    return Ok(Answer::mismatch(stored.expires_at));
+                }
+                let response_status: Option<i32> = get(&row, "response_status");
+                return Ok(Answer {
+                    http_status: Some(410),
+                    response_status,
+                    attempts: Some(stored.attempts),
+                    expires_at: Some(stored.expires_at),
+                    ..Answer::empty(Outcome::Expired)
+                });
+            }
+            let token = new_token();
+            spi::run(
+                client,
+                &REPLACE_EXPIRED,
+                &[
+                    scope.into(),
+                    key.into(),
+                    fingerprint.into(),
+                    token.into(),
+                    lease_end.into(),
+                    now.into(),
+                    expires_at.into(),
                     stored.token.into(),
                 ],
             );
-            if !taken.is_empty() {
-                let taken = taken.first();
-                return Ok(Answer::claimed(
-                    Outcome::Reclaimed,
-                    token,
-                    attempts,
-                    lease_end,
-                    new_expires,
-                    get(&taken, "recovery_point"),
-                    get(&taken, "recovery_data"),
-                ));
+            if spi::processed() == 1 {
+                return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
             }
+            continue;
         }
-        Err(IdemError::ClaimContended { scope: scope.to_string(), key: key.to_string() })
-    })
+
+        if stored.fingerprint.as_deref() != fingerprint {
+            return Ok(Answer::mismatch(stored.expires_at));
+        }
+        if stored.status == Status::Completed {
+            let response_status: Option<i32> = get(&row, "response_status");
+            return Ok(Answer {
+                http_status: response_status,
+                response_status,
+                response_headers: get(&row, "response_headers"),
+                response_body: get(&row, "response_body"),
+                attempts: Some(stored.attempts),
+                expires_at: Some(stored.expires_at),
+                ..Answer::empty(Outcome::Replay)
+            });
+        }
+        let locked_until = stored.locked_until.expect("in_progress has a lease");
+        if caller_token == Some(stored.token) {
+            // The caller's own claim, repeated (its first answer was lost): nothing to write.
+            return Ok(Answer::claimed(
+                Outcome::Claimed,
+                stored.token,
+                stored.attempts,
+                locked_until,
+                stored.expires_at,
+                get(&row, "recovery_point"),
+                get(&row, "recovery_data"),
+            ));
+        }
+        if locked_until > now {
+            return Ok(Answer {
+                http_status: Some(409),
+                attempts: Some(stored.attempts),
+                expires_at: Some(stored.expires_at),
+                locked_until: Some(locked_until),
+                ..Answer::empty(Outcome::InProgress)
+            });
+        }
+
+        // The owner's lease ended: take the claim over, fenced on the token we read.
+        let token = new_token();
+        let attempts = stored.attempts + 1;
+        let new_expires = if stored.expires_at > expires_at { stored.expires_at } else { expires_at };
+        let taken = spi::run(
+            client,
+            &TAKE_OVER,
+            &[
+                scope.into(),
+                key.into(),
+                token.into(),
+                attempts.into(),
+                lease_end.into(),
+                now.into(),
+                new_expires.into(),
+                stored.token.into(),
+            ],
+        );
+        if !taken.is_empty() {
+            let taken = taken.first();
+            return Ok(Answer::claimed(
+                Outcome::Reclaimed,
+                token,
+                attempts,
+                lease_end,
+                new_expires,
+                get(&taken, "recovery_point"),
+                get(&taken, "recovery_data"),
+            ));
+        }
+    }
+    Err(IdemError::ClaimContended { scope: scope.to_string(), key: key.to_string() })
+}
+
+/// Tombstones on, and the tombstone of a record that expired at `expired_at` still lasts.
+fn tombstone_lasts(expired_at: TimestampWithTimeZone, now: TimestampWithTimeZone) -> bool {
+    settings::tombstone_ttl().is_some_and(|ttl| expired_at + ttl > now)
 }
 
 /// One `idempotency.claim_result`, before it becomes a tuple.
-struct Answer {
-    outcome: Outcome,
+pub(crate) struct Answer {
+    pub(crate) outcome: Outcome,
     token: Option<Uuid>,
     http_status: Option<i32>,
     response_status: Option<i32>,
@@ -258,8 +315,8 @@ struct Answer {
     recovery_point: Option<String>,
     recovery_data: Option<Jsonb>,
     attempts: Option<i32>,
-    expires_at: Option<TimestampWithTimeZone>,
-    locked_until: Option<TimestampWithTimeZone>,
+    pub(crate) expires_at: Option<TimestampWithTimeZone>,
+    pub(crate) locked_until: Option<TimestampWithTimeZone>,
 }
 
 impl Answer {

@@ -1,5 +1,6 @@
 //! idem_complete, idem_checkpoint and idem_release: what the owner of a claim does with it.
 //! Each is one statement fenced on the token; when it touches no row, a read says why.
+//! Completing and releasing wake the claims waiting for the record once they commit.
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{INT4OID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
@@ -9,7 +10,7 @@ use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::record::Status;
 use crate::spi::{self, get_not_null, Kind, Statement};
-use crate::{settings, validate};
+use crate::{settings, validate, wakeup};
 
 // Each statement touches the row of (scope $1, key $2) only while token $3 owns it, it is
 // still in_progress and it has not expired.
@@ -118,6 +119,7 @@ fn complete(
             ],
         );
         if spi::processed() == 1 {
+            wakeup::notify_on_commit(scope, key);
             return Ok(());
         }
         Err(why_not_owned(client, scope, key, token, now))
@@ -171,7 +173,11 @@ fn release(scope: Option<&str>, key: Option<&str>, token: Option<Uuid>) -> Resul
     let now = spi::now();
     Spi::connect_mut(|client| {
         spi::run(client, &RELEASE, &[scope.into(), key.into(), token.into(), now.into()]);
-        Ok(spi::processed() == 1)
+        let released = spi::processed() == 1;
+        if released {
+            wakeup::notify_on_commit(scope, key);
+        }
+        Ok(released)
     })
 }
 

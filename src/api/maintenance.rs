@@ -17,7 +17,7 @@ use pgrx::spi::SpiClient;
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::spi::{self, get, get_datum, get_not_null, Kind, Statement};
-use crate::{settings, validate};
+use crate::{settings, validate, wakeup};
 
 /// Where a table lives.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -44,12 +44,13 @@ impl ForEach {
 }
 
 /// Sweeping a table is two statements so that each batch costs its own size, not the
-/// backlog's: `pick` at most $2 expired rows ($1 is now()), then `delete` exactly those by
-/// primary key ($1 scopes, $2 keys or message ids, $3 now), if they are still expired. On
-/// Citus, `scope = ANY($1)` lets the delete go only to the shards of the batch.
+/// backlog's: `pick` at most $2 expired rows ($1 is the cut-off, now() without tombstones),
+/// then `apply` to exactly those by primary key ($1 scopes, $2 keys or message ids, $3 the
+/// cut-off), if they are still past it: delete them, or turn them into tombstones. On
+/// Citus, `scope = ANY($1)` lets the statement go only to the shards of the batch.
 struct Sweep {
     pick: ForEach,
-    delete: ForEach,
+    apply: ForEach,
 }
 
 static SWEEP_KEYS: Sweep = Sweep {
@@ -71,7 +72,7 @@ static SWEEP_KEYS: Sweep = Sweep {
             kind: Kind::Read,
         },
     },
-    delete: ForEach {
+    apply: ForEach {
         one_server: Statement {
             sql: "DELETE FROM idempotency.keys AS t \
                   USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
@@ -113,7 +114,7 @@ static SWEEP_MESSAGES: Sweep = Sweep {
             kind: Kind::Read,
         },
     },
-    delete: ForEach {
+    apply: ForEach {
         one_server: Statement {
             sql: "DELETE FROM idempotency.messages AS t \
                   USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
@@ -129,6 +130,110 @@ static SWEEP_MESSAGES: Sweep = Sweep {
                   WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
                     AND t.scope OPERATOR(pg_catalog.=) picked.scope \
                     AND t.message_id OPERATOR(pg_catalog.=) picked.id \
+                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+            kind: Kind::Write,
+        },
+    },
+};
+
+// Tombstones on (idempotency.tombstone_ttl). SWEEP_KEYS with the cut-off now() - tombstone_ttl
+// deletes the tombstones past their end (and every other record expired that long ago); the
+// two below finish the job: claims that expired in_progress leave no tombstone, and completed
+// records that expired drop their response (and checkpoint), keeping what a tombstone answers
+// with: fingerprint, status, token, attempts, response_status and the times.
+
+static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
+    pick: ForEach {
+        one_server: Statement {
+            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
+                  FROM (SELECT scope, key FROM idempotency.keys \
+                        WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
+                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
+                        ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
+            args: &[TIMESTAMPTZOID, INT8OID],
+            kind: Kind::Write,
+        },
+        citus: Statement {
+            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
+                  FROM (SELECT scope, key FROM idempotency.keys \
+                        WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
+                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
+                        ORDER BY locked_until LIMIT $2) AS picked",
+            args: &[TIMESTAMPTZOID, INT8OID],
+            kind: Kind::Read,
+        },
+    },
+    apply: ForEach {
+        one_server: Statement {
+            sql: "DELETE FROM idempotency.keys AS t \
+                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
+                    AND t.key OPERATOR(pg_catalog.=) picked.id \
+                    AND t.status OPERATOR(pg_catalog.=) 'in_progress' \
+                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+            kind: Kind::Write,
+        },
+        citus: Statement {
+            sql: "DELETE FROM idempotency.keys AS t \
+                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
+                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
+                    AND t.key OPERATOR(pg_catalog.=) picked.id \
+                    AND t.status OPERATOR(pg_catalog.=) 'in_progress' \
+                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+            kind: Kind::Write,
+        },
+    },
+};
+
+// Picks through keys_responses_idx (its predicate is spelled the same), so the tombstones
+// already made are not stepped over.
+static MAKE_TOMBSTONES: Sweep = Sweep {
+    pick: ForEach {
+        one_server: Statement {
+            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
+                  FROM (SELECT scope, key FROM idempotency.keys \
+                        WHERE (response_body IS NOT NULL OR response_headers IS NOT NULL) \
+                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
+                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
+            args: &[TIMESTAMPTZOID, INT8OID],
+            kind: Kind::Write,
+        },
+        citus: Statement {
+            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
+                  FROM (SELECT scope, key FROM idempotency.keys \
+                        WHERE (response_body IS NOT NULL OR response_headers IS NOT NULL) \
+                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
+                        ORDER BY expires_at LIMIT $2) AS picked",
+            args: &[TIMESTAMPTZOID, INT8OID],
+            kind: Kind::Read,
+        },
+    },
+    apply: ForEach {
+        one_server: Statement {
+            sql: "UPDATE idempotency.keys AS t \
+                  SET response_body = NULL, response_headers = NULL, \
+                      recovery_point = NULL, recovery_data = NULL \
+                  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
+                    AND t.key OPERATOR(pg_catalog.=) picked.id \
+                    AND t.status OPERATOR(pg_catalog.=) 'completed' \
+                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+            kind: Kind::Write,
+        },
+        citus: Statement {
+            sql: "UPDATE idempotency.keys AS t \
+                  SET response_body = NULL, response_headers = NULL, \
+                      recovery_point = NULL, recovery_data = NULL \
+                  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
+                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
+                    AND t.key OPERATOR(pg_catalog.=) picked.id \
+                    AND t.status OPERATOR(pg_catalog.=) 'completed' \
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
@@ -225,6 +330,8 @@ fn tables(client: &mut SpiClient<'_>) -> Tables {
     Tables { keys: on(get(&row, "keys")), messages: on(get(&row, "messages")) }
 }
 
+/// Deletes expired records; with tombstones on, turns expired completed records into
+/// tombstones and deletes tombstones past their end. Returns the rows it changed.
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_sweep(max_rows: default!(Option<i32>, 10000)) -> i64 {
     sweep(max_rows).or_raise()
@@ -270,7 +377,10 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
         let tables = tables(client);
-        let keys = sweep_table(client, &SWEEP_KEYS, tables.keys, now, budget);
+        let keys = match settings::tombstone_ttl() {
+            None => sweep_table(client, &SWEEP_KEYS, tables.keys, now, budget),
+            Some(ttl) => sweep_keys_keeping_tombstones(client, tables.keys, now, ttl, budget),
+        };
         if keys >= budget {
             return keys;
         }
@@ -290,8 +400,29 @@ fn sweep_table(
     let (Some(scopes), Some(ids)) = (get_datum(&picked, "scopes"), get_datum(&picked, "ids")) else {
         return 0; // nothing expired
     };
-    spi::run(client, sweep.delete.on(deployment), &[scopes, ids, now.into()]);
+    spi::run(client, sweep.apply.on(deployment), &[scopes, ids, now.into()]);
     spi::processed() as i64
+}
+
+/// Rows deleted or turned into tombstones, at most `budget`: tombstones past their end
+/// first, then claims that expired in_progress, then completed records that expired.
+fn sweep_keys_keeping_tombstones(
+    client: &mut SpiClient<'_>,
+    deployment: Deployment,
+    now: TimestampWithTimeZone,
+    tombstone_ttl: Interval,
+    budget: i64,
+) -> i64 {
+    let mut done = 0;
+    for (sweep, cut_off) in
+        [(&SWEEP_KEYS, now - tombstone_ttl), (&SWEEP_EXPIRED_CLAIMS, now), (&MAKE_TOMBSTONES, now)]
+    {
+        if done >= budget {
+            break;
+        }
+        done += sweep_table(client, sweep, deployment, cut_off, budget - done);
+    }
+    done
 }
 
 fn reclaim_stale(
@@ -330,6 +461,9 @@ fn reclaim_stale(
             };
             // Nothing changed when a claim took the row over after we read it.
             if !changed.is_empty() {
+                if release {
+                    wakeup::notify_on_commit(&scope, &key);
+                }
                 let row = changed.first();
                 done.push(Reclaimed {
                     scope,

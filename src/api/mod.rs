@@ -8,3 +8,4 @@ mod lookup;
 mod maintenance;
 mod null_scope_guard;
 mod seen;
+mod wait;

@@ -14,6 +14,7 @@ static READ: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &["expires_at"],
 };
 
 // $1 scope, $2 message_id, $3 now, $4 expires_at. An expired row counts as never seen.
@@ -26,6 +27,7 @@ static RECORD: Statement = Statement {
           WHERE m.expires_at OPERATOR(pg_catalog.<=) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -43,7 +45,7 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     Ok(Spi::connect_mut(|client| {
         let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
         if !found.is_empty() {
-            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), "expires_at");
+            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), &READ, "expires_at");
             if live_until > now {
                 return false;
             }

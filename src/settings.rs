@@ -167,14 +167,24 @@ unsafe fn check_interval(
         pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
         return false;
     }
-    // GUC frees "extra" with free(), so it must come from malloc.
-    let slot = libc::malloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
+    let slot = guc_extra(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
     if slot.is_null() {
         return false;
     }
     slot.write(parsed.into_inner());
     *extra = slot.cast();
     true
+}
+
+/// Memory for a check hook's "extra" value, which the GUC machinery frees itself: with
+/// free() up to PostgreSQL 15, with guc_free() (GUC's own memory context) from 16 on, so it
+/// must come from malloc, or from guc_malloc. NULL when out of memory. This is the only code
+/// that differs by major version.
+unsafe fn guc_extra(size: usize) -> *mut c_void {
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+    return libc::malloc(size);
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+    return pg_sys::guc_malloc(pg_sys::LOG as i32, size);
 }
 
 #[pg_guard]

@@ -33,6 +33,19 @@ static READ: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &[
+        "fingerprint",
+        "status",
+        "token",
+        "attempts",
+        "locked_until",
+        "expires_at",
+        "response_status",
+        "response_headers",
+        "response_body",
+        "recovery_point",
+        "recovery_data",
+    ],
 };
 
 // $1 scope, $2 key, $3 fingerprint, $4 token, $5 locked_until, $6 now, $7 expires_at
@@ -44,6 +57,7 @@ static INSERT: Statement = Statement {
           ON CONFLICT (scope, key) DO NOTHING",
     args: &[TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // Same parameters as INSERT, plus $8 the token of the expired record that was read.
@@ -58,6 +72,7 @@ static REPLACE_EXPIRED: Statement = Statement {
             AND expires_at OPERATOR(pg_catalog.<=) $6",
     args: &[TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 new token, $4 attempts, $5 locked_until, $6 now, $7 expires_at,
@@ -73,6 +88,7 @@ static TAKE_OVER: Statement = Statement {
           RETURNING recovery_point, recovery_data",
     args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID],
     kind: Kind::Write,
+    columns: &["recovery_point", "recovery_data"],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -101,15 +117,15 @@ struct Stored {
 
 impl Stored {
     fn read(row: &SpiTupleTable<'_>) -> Self {
-        let status: String = get_not_null(row, "status");
+        let status: String = get_not_null(row, &READ, "status");
         Stored {
-            fingerprint: get(row, "fingerprint"),
+            fingerprint: get(row, &READ, "fingerprint"),
             // The functions write only the two statuses; any other (written by hand) is not completed.
             status: Status::parse(&status).unwrap_or(Status::InProgress),
-            token: get_not_null(row, "token"),
-            attempts: get_not_null(row, "attempts"),
-            locked_until: get(row, "locked_until"),
-            expires_at: get_not_null(row, "expires_at"),
+            token: get_not_null(row, &READ, "token"),
+            attempts: get_not_null(row, &READ, "attempts"),
+            locked_until: get(row, &READ, "locked_until"),
+            expires_at: get_not_null(row, &READ, "expires_at"),
         }
     }
 }
@@ -197,7 +213,7 @@ fn claim_at(
                 if stored.fingerprint.as_deref() != fingerprint {
                     return Ok(Answer::mismatch(stored.expires_at));
                 }
-                let response_status: Option<i32> = get(&row, "response_status");
+                let response_status: Option<i32> = get(&row, &READ, "response_status");
                 return Ok(Answer {
                     http_status: Some(410),
                     response_status,
@@ -231,12 +247,12 @@ fn claim_at(
             return Ok(Answer::mismatch(stored.expires_at));
         }
         if stored.status == Status::Completed {
-            let response_status: Option<i32> = get(&row, "response_status");
+            let response_status: Option<i32> = get(&row, &READ, "response_status");
             return Ok(Answer {
                 http_status: response_status,
                 response_status,
-                response_headers: get(&row, "response_headers"),
-                response_body: get(&row, "response_body"),
+                response_headers: get(&row, &READ, "response_headers"),
+                response_body: get(&row, &READ, "response_body"),
                 attempts: Some(stored.attempts),
                 expires_at: Some(stored.expires_at),
                 ..Answer::empty(Outcome::Replay)
@@ -251,8 +267,8 @@ fn claim_at(
                 stored.attempts,
                 locked_until,
                 stored.expires_at,
-                get(&row, "recovery_point"),
-                get(&row, "recovery_data"),
+                get(&row, &READ, "recovery_point"),
+                get(&row, &READ, "recovery_data"),
             ));
         }
         if locked_until > now {
@@ -291,8 +307,8 @@ fn claim_at(
                 attempts,
                 lease_end,
                 new_expires,
-                get(&taken, "recovery_point"),
-                get(&taken, "recovery_data"),
+                get(&taken, &TAKE_OVER, "recovery_point"),
+                get(&taken, &TAKE_OVER, "recovery_data"),
             ));
         }
     }

@@ -25,6 +25,7 @@ static COMPLETE: Statement = Statement {
             AND expires_at OPERATOR(pg_catalog.>) $7",
     args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, JSONBOID, JSONBOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 token, $4 recovery_point, $5 recovery_data, $6 locked_until, $7 now
@@ -36,6 +37,7 @@ static CHECKPOINT: Statement = Statement {
             AND expires_at OPERATOR(pg_catalog.>) $7",
     args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 token, $4 now
@@ -46,6 +48,7 @@ static RELEASE: Statement = Statement {
             AND expires_at OPERATOR(pg_catalog.>) $4",
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // Why a fenced statement touched nothing. Runs after a write, so with a fresh snapshot.
@@ -54,6 +57,7 @@ static DIAGNOSE: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &["token", "status", "expires_at"],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -194,9 +198,9 @@ fn why_not_owned(
         return IdemError::NoLiveRecord { scope: scope_s, key: key_s };
     }
     let row = found.first();
-    let owner: Uuid = get_not_null(&row, "token");
-    let status: String = get_not_null(&row, "status");
-    let expires_at: TimestampWithTimeZone = get_not_null(&row, "expires_at");
+    let owner: Uuid = get_not_null(&row, &DIAGNOSE, "token");
+    let status: String = get_not_null(&row, &DIAGNOSE, "status");
+    let expires_at: TimestampWithTimeZone = get_not_null(&row, &DIAGNOSE, "expires_at");
     if expires_at <= now {
         IdemError::NoLiveRecord { scope: scope_s, key: key_s }
     } else if owner != token {

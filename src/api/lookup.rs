@@ -15,6 +15,7 @@ static LOOKUP: Statement = Statement {
             AND k.expires_at OPERATOR(pg_catalog.>) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID],
     kind: Kind::Read,
+    columns: &["k"],
 };
 
 #[pg_extern(stable, parallel_restricted)]
@@ -37,7 +38,7 @@ fn lookup(
         if found.is_empty() {
             None
         } else {
-            get(&found.first(), "k")
+            get(&found.first(), &LOOKUP, "k")
         }
     }))
 }

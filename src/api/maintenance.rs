@@ -62,6 +62,7 @@ static SWEEP_KEYS: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Write,
+            columns: &["scopes", "ids"],
         },
         citus: Statement {
             sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
@@ -70,6 +71,7 @@ static SWEEP_KEYS: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Read,
+            columns: &["scopes", "ids"],
         },
     },
     apply: ForEach {
@@ -81,6 +83,7 @@ static SWEEP_KEYS: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
         citus: Statement {
             sql: "DELETE FROM idempotency.keys AS t \
@@ -91,6 +94,7 @@ static SWEEP_KEYS: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
     },
 };
@@ -104,6 +108,7 @@ static SWEEP_MESSAGES: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Write,
+            columns: &["scopes", "ids"],
         },
         citus: Statement {
             sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(message_id) AS ids \
@@ -112,6 +117,7 @@ static SWEEP_MESSAGES: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Read,
+            columns: &["scopes", "ids"],
         },
     },
     apply: ForEach {
@@ -123,6 +129,7 @@ static SWEEP_MESSAGES: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
         citus: Statement {
             sql: "DELETE FROM idempotency.messages AS t \
@@ -133,6 +140,7 @@ static SWEEP_MESSAGES: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
     },
 };
@@ -153,6 +161,7 @@ static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
                         ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Write,
+            columns: &["scopes", "ids"],
         },
         citus: Statement {
             sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
@@ -162,6 +171,7 @@ static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
                         ORDER BY locked_until LIMIT $2) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Read,
+            columns: &["scopes", "ids"],
         },
     },
     apply: ForEach {
@@ -174,6 +184,7 @@ static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
         citus: Statement {
             sql: "DELETE FROM idempotency.keys AS t \
@@ -185,6 +196,7 @@ static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
     },
 };
@@ -201,6 +213,7 @@ static MAKE_TOMBSTONES: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Write,
+            columns: &["scopes", "ids"],
         },
         citus: Statement {
             sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
@@ -210,6 +223,7 @@ static MAKE_TOMBSTONES: Sweep = Sweep {
                         ORDER BY expires_at LIMIT $2) AS picked",
             args: &[TIMESTAMPTZOID, INT8OID],
             kind: Kind::Read,
+            columns: &["scopes", "ids"],
         },
     },
     apply: ForEach {
@@ -224,6 +238,7 @@ static MAKE_TOMBSTONES: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
         citus: Statement {
             sql: "UPDATE idempotency.keys AS t \
@@ -237,6 +252,7 @@ static MAKE_TOMBSTONES: Sweep = Sweep {
                     AND t.expires_at OPERATOR(pg_catalog.<=) $3",
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
+            columns: &[],
         },
     },
 };
@@ -252,6 +268,7 @@ static STALE: ForEach = ForEach {
               ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED",
         args: &[TIMESTAMPTZOID, INT8OID],
         kind: Kind::Write,
+        columns: &["scope", "key", "token", "attempts"],
     },
     citus: Statement {
         sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
@@ -261,6 +278,7 @@ static STALE: ForEach = ForEach {
               ORDER BY locked_until LIMIT $2",
         args: &[TIMESTAMPTZOID, INT8OID],
         kind: Kind::Read,
+        columns: &["scope", "key", "token", "attempts"],
     },
 };
 
@@ -276,6 +294,7 @@ static RELEASE_STALE: Statement = Statement {
           RETURNING recovery_point, recovery_data",
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &["recovery_point", "recovery_data"],
 };
 
 // ... or take it over: $5 new token, $6 attempts, $7 locked_until.
@@ -289,6 +308,7 @@ static TAKE_OVER_STALE: Statement = Statement {
           RETURNING recovery_point, recovery_data",
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, UUIDOID, INT4OID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &["recovery_point", "recovery_data"],
 };
 
 static CITUS_INSTALLED: Statement = Statement {
@@ -296,6 +316,7 @@ static CITUS_INSTALLED: Statement = Statement {
                          WHERE extname OPERATOR(pg_catalog.=) 'citus') AS installed",
     args: &[],
     kind: Kind::Read,
+    columns: &["installed"],
 };
 
 // Names a Citus catalog: prepared and run only where Citus is installed.
@@ -306,6 +327,7 @@ static DISTRIBUTED: Statement = Statement {
                          WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.messages'::pg_catalog.regclass) AS messages",
     args: &[],
     kind: Kind::Read,
+    columns: &["keys", "messages"],
 };
 
 /// Where idempotency.keys and idempotency.messages live.
@@ -315,7 +337,8 @@ struct Tables {
 }
 
 fn tables(client: &mut SpiClient<'_>) -> Tables {
-    let citus: bool = get(&spi::run(client, &CITUS_INSTALLED, &[]).first(), "installed").unwrap_or(false);
+    let citus: bool =
+        get(&spi::run(client, &CITUS_INSTALLED, &[]).first(), &CITUS_INSTALLED, "installed").unwrap_or(false);
     if !citus {
         return Tables { keys: Deployment::OneServer, messages: Deployment::OneServer };
     }
@@ -327,7 +350,7 @@ fn tables(client: &mut SpiClient<'_>) -> Tables {
             Deployment::OneServer
         }
     };
-    Tables { keys: on(get(&row, "keys")), messages: on(get(&row, "messages")) }
+    Tables { keys: on(get(&row, &DISTRIBUTED, "keys")), messages: on(get(&row, &DISTRIBUTED, "messages")) }
 }
 
 /// Deletes expired records; with tombstones on, turns expired completed records into
@@ -395,9 +418,11 @@ fn sweep_table(
     now: TimestampWithTimeZone,
     budget: i64,
 ) -> i64 {
-    let picked = spi::run(client, sweep.pick.on(deployment), &[now.into(), budget.into()]).first();
+    let pick = sweep.pick.on(deployment);
+    let picked = spi::run(client, pick, &[now.into(), budget.into()]).first();
     // The arrays stay SPI's datums: they only go back into the next statement.
-    let (Some(scopes), Some(ids)) = (get_datum(&picked, "scopes"), get_datum(&picked, "ids")) else {
+    let (Some(scopes), Some(ids)) = (get_datum(&picked, pick, "scopes"), get_datum(&picked, pick, "ids"))
+    else {
         return 0; // nothing expired
     };
     spi::run(client, sweep.apply.on(deployment), &[scopes, ids, now.into()]);
@@ -441,23 +466,23 @@ fn reclaim_stale(
         let stale: Vec<(String, String, Uuid, i32)> = spi::run(client, pick, &[now.into(), budget.into()])
             .map(|row| {
                 (
-                    get_not_null(&row, "scope"),
-                    get_not_null(&row, "key"),
-                    get_not_null(&row, "token"),
-                    get_not_null(&row, "attempts"),
+                    get_not_null(&row, pick, "scope"),
+                    get_not_null(&row, pick, "key"),
+                    get_not_null(&row, pick, "token"),
+                    get_not_null(&row, pick, "attempts"),
                 )
             })
             .collect();
         let mut done = Vec::with_capacity(stale.len());
         for (scope, key, token, attempts) in stale {
             let fence = [scope.as_str().into(), key.as_str().into(), token.into(), now.into()];
-            let (token, attempts, changed) = if release {
-                (token, attempts, spi::run(client, &RELEASE_STALE, &fence))
+            let (token, attempts, stmt, changed) = if release {
+                (token, attempts, &RELEASE_STALE, spi::run(client, &RELEASE_STALE, &fence))
             } else {
                 let new_token = spi::new_token();
                 let [s, k, t, n] = fence;
                 let args = [s, k, t, n, new_token.into(), (attempts + 1).into(), locked_until.into()];
-                (new_token, attempts + 1, spi::run(client, &TAKE_OVER_STALE, &args))
+                (new_token, attempts + 1, &TAKE_OVER_STALE, spi::run(client, &TAKE_OVER_STALE, &args))
             };
             // Nothing changed when a claim took the row over after we read it.
             if !changed.is_empty() {
@@ -470,8 +495,8 @@ fn reclaim_stale(
                     key,
                     token,
                     attempts,
-                    recovery_point: get(&row, "recovery_point"),
-                    recovery_data: get(&row, "recovery_data"),
+                    recovery_point: get(&row, stmt, "recovery_point"),
+                    recovery_data: get(&row, stmt, "recovery_data"),
                 });
             }
         }

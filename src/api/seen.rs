@@ -18,6 +18,7 @@ static READ: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &["expires_at"],
 };
 
 // $1 scope, $2 message_id, $3 now, $4 expires_at. An expired row counts as never seen.
@@ -30,6 +31,7 @@ static RECORD: Statement = Statement {
           WHERE m.expires_at OPERATOR(pg_catalog.<=) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -47,7 +49,7 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     Ok(Spi::connect_mut(|client| {
         let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
         if !found.is_empty() {
-            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), "expires_at");
+            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), &READ, "expires_at");
             if live_until > now {
                 return false;
             }
@@ -74,6 +76,7 @@ static RECORD_MANY: Statement = Statement {
           RETURNING m.message_id",
     args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &["message_id"],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -103,7 +106,7 @@ fn seen_many(
     let distinct = in_lock_order(&ids);
     let recorded: HashSet<String> = Spi::connect_mut(|client| {
         spi::run(client, &RECORD_MANY, &[scope.into(), distinct.into(), now.into(), expires_at.into()])
-            .map(|row| get_not_null::<String>(&row, "message_id"))
+            .map(|row| get_not_null::<String>(&row, &RECORD_MANY, "message_id"))
             .collect()
     });
     Ok(first_sightings(&ids, |id| recorded.contains(id)))

@@ -127,13 +127,13 @@ def check(root, markdown_files, tracked):
 
     def anchors_of(path):
         if path not in cache:
-            with open(os.path.join(root, path), encoding="utf-8") as fh:
+            with open(os.path.join(root, path), encoding="utf-8", errors="replace") as fh:
                 cache[path] = anchors(fh.read())
         return cache[path]
 
     checked, broken = 0, []
     for source in sorted(markdown_files):
-        with open(os.path.join(root, source), encoding="utf-8") as fh:
+        with open(os.path.join(root, source), encoding="utf-8", errors="replace") as fh:
             content = fh.read()
         for line, target in links(content):
             if SCHEME.match(target) or target.startswith("//"):

@@ -35,7 +35,7 @@ app.setErrorHandler((err, req, reply) => {
 });
 
 function send(reply, { status, headers, body }) {
-  return reply.code(status).headers(headers).send(body);
+  return reply.code(status).headers(headers).send(Buffer.from(body));
 }
 
 try {

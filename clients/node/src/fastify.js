@@ -11,6 +11,7 @@ export function fastifyRoute(idem, routeOptions, handler) {
       body: request.body,
     });
     reply.code(out.status).headers(out.headers);
-    return reply.send(out.body);
+    // A Buffer is sent as it is: a string would get "; charset=utf-8" added to its Content-Type.
+    return reply.send(Buffer.from(out.body));
   };
 }

@@ -58,7 +58,14 @@ def db_url() -> str:
     test_url = with_database(url, "idem_py")
     with psycopg.connect(test_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION idempotency")
+        conn.execute("SELECT idempotency.idem_fingerprint('{}'::jsonb)")  # loads the library and its settings
+        if has_tombstones(conn):  # for the 410 test; only expired completed records are affected
+            conn.execute("ALTER DATABASE idem_py SET idempotency.tombstone_ttl = '1 hour'")
     return test_url
+
+
+def has_tombstones(conn) -> bool:
+    return conn.execute("SELECT count(*) FROM pg_settings WHERE name = 'idempotency.tombstone_ttl'").fetchone()[0] == 1
 
 
 @pytest.fixture()

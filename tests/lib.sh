@@ -11,7 +11,8 @@
 #   PGBIN         that major's bin directory; it is also put first on PATH, so psql, pg_dump,
 #                 pg_restore, pgbench ... are that major's own.
 #   IDEM_EDITION  native (default: CREATE EXTENSION idempotency) or portable (the plain SQL
-#                 script sql/portable/idempotency-portable--VERSION.sql, no shared library)
+#                 script IDEM_PORTABLE_SQL, by default sql/portable/idempotency-portable--VERSION.sql
+#                 with VERSION from Cargo.toml; no shared library)
 #
 # Checks and counters (a suite's last line is "NAME: N passed, M failed", scripts/test.sh sums it)
 #   check NAME EXPECTED ACTUAL        ok when equal, else FAIL with both values
@@ -33,8 +34,10 @@
 #                                     Retries a port briefly held by someone else's client socket.
 #   cluster_stop DIR                  stop it (nothing if it is not running)
 #   cluster_fresh DIR PORT [CONF...]  stop, remove DIR, cluster_start
-#   install_extension DB [PSQL ARGS]  the extension into DB in the edition IDEM_EDITION says,
-#                                     through psql with PGHOST/PGPORT/PGUSER or the given args
+#   install_extension DB [PSQL ARGS]  the extension into DB in the edition IDEM_EDITION says
+#                                     (tests/regress/install_extension.sql), through psql with
+#                                     PGHOST/PGPORT/PGUSER or the given args
+#   fresh_database DB [PSQL ARGS]     DROP + CREATE DATABASE DB, then install_extension
 #   extension_installed               is the extension (native edition) installed into PG_MAJOR?
 #
 # Ports and folders: ONE table, so no two suites (or majors) collide
@@ -241,27 +244,35 @@ extension_installed() {
     [ -f "$("$PGBIN/pg_config" --sharedir)/extension/idempotency.control" ]
 }
 
+# Through tests/regress/install_extension.sql, which the regress suite includes too: one
+# place knows how each edition is installed.
 install_extension() { # install_extension DB [PSQL ARGS...]
     local db=${1:?database}
     shift
-    case ${IDEM_EDITION:-native} in
-    native)
-        psql -X -q -v ON_ERROR_STOP=1 -d "$db" "$@" -c "CREATE EXTENSION idempotency" ;;
+    case $IDEM_EDITION in
+    native) ;;
     portable)
-        local script
-        script=$(portable_script)
-        if [ ! -f "$script" ]; then
-            echo "install_extension: IDEM_EDITION=portable but $script does not exist" >&2
+        if [ ! -f "$IDEM_PORTABLE_SQL" ]; then
+            echo "install_extension: IDEM_EDITION=portable but $IDEM_PORTABLE_SQL does not exist" >&2
             return 2
-        fi
-        psql -X -q -v ON_ERROR_STOP=1 -d "$db" "$@" -f "$script" >/dev/null ;;
+        fi ;;
     *)
         echo "install_extension: unknown IDEM_EDITION '$IDEM_EDITION' (native or portable)" >&2
         return 2 ;;
     esac
+    psql -X -q -v ON_ERROR_STOP=1 -d "$db" "$@" -f "$ROOT/tests/regress/install_extension.sql"
+}
+
+fresh_database() { # fresh_database DB [PSQL ARGS...]: drop, create, install the extension
+    local db=${1:?database}
+    shift
+    psql -X -q -v ON_ERROR_STOP=1 -d postgres "$@" \
+        -c "DROP DATABASE IF EXISTS \"$db\"" -c "CREATE DATABASE \"$db\"" &&
+        install_extension "$db" "$@"
 }
 
 IDEM_EDITION=${IDEM_EDITION:-native}
-export IDEM_EDITION
+IDEM_PORTABLE_SQL=$(portable_script)
+export IDEM_EDITION IDEM_PORTABLE_SQL
 # Last: sourcing fails (status 2, with a message) on an unknown or missing major.
 use_major "${PG_MAJOR:-15}"

@@ -1,8 +1,5 @@
 -- What CREATE EXTENSION installs: the schema, tables kept by pg_dump, indexes, and the
 -- plans of the statements the functions run (they use those indexes).
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
 
 -- Installed into schema idempotency, not relocatable.
 SELECT extname, extnamespace::regnamespace AS schema, extrelocatable FROM pg_extension WHERE extname = 'idempotency';

@@ -1,9 +1,6 @@
 -- Size limits and unusual input. A stored response (body plus headers) or checkpoint data
 -- may be at most idempotency.max_response_size (default 1MB); past it idem_complete and
 -- idem_checkpoint refuse with SQLSTATE 54000 and store nothing.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
 \set SHOW_CONTEXT never
 
 SELECT count(*) FROM idempotency.idem_lookup('limits', 'none');  -- loads the library

@@ -9,6 +9,9 @@
 //! `{"amount": <int > 0>, "currency": <string>}`. With `--allow-fault-injection`:
 //! `X-Fault-Delay-Ms: N` sleeps before the side effect, `X-Fault-Fail-Before: 1` fails before it.
 
+// Result<_, Response> is axum's idiom for "answer this now"; a Response is large, that is fine.
+#![allow(clippy::result_large_err)]
+
 use std::time::Duration;
 
 use axum::extract::Path;
@@ -53,9 +56,18 @@ struct Faults(bool);
 
 /// The tenant is the API key; none: 401 before anything is claimed.
 fn tenant(headers: &HeaderMap) -> Result<String, Response> {
-    match headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim) {
+    match headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    {
         Some(t) if !t.is_empty() => Ok(t.to_owned()),
-        _ => Err(problem(401, "unauthorized", "Unauthorized", "The request has no X-Api-Key header.")),
+        _ => Err(problem(
+            401,
+            "unauthorized",
+            "Unauthorized",
+            "The request has no X-Api-Key header.",
+        )),
     }
 }
 
@@ -86,32 +98,57 @@ async fn create_charge(
         payload["amount"].as_i64().filter(|a| *a > 0),
         payload["currency"].as_str().filter(|c| !c.is_empty()),
     ) else {
-        return Ok(bad_request("The body must be {\"amount\": <positive integer>, \"currency\": <string>}."));
+        return Ok(bad_request(
+            "The body must be {\"amount\": <positive integer>, \"currency\": <string>}.",
+        ));
     };
     if faults.0 {
-        let fault = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let fault = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        };
         if let Some(ms) = fault("x-fault-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if fault("x-fault-fail-before") == Some(1) {
-            return Ok(problem(500, "injected-fault", "Injected fault", "Failed before the side effect."));
+            return Ok(problem(
+                500,
+                "injected-fault",
+                "Injected fault",
+                "Failed before the side effect.",
+            ));
         }
     }
     let db = idem.db().await?;
     let row = db
-        .query_typed_one(INSERT, &[(&tenant, Type::TEXT), (&amount, Type::INT8), (&currency, Type::TEXT)])
+        .query_typed_one(
+            INSERT,
+            &[
+                (&tenant, Type::TEXT),
+                (&amount, Type::INT8),
+                (&currency, Type::TEXT),
+            ],
+        )
         .await
         .map_err(pg_idempotency::Error::from)?;
     let (id, json): (String, String) = (row.get(0), row.get(1));
     Ok((
         axum::http::StatusCode::CREATED,
-        [(header::LOCATION, format!("/charges/{id}")), (header::CONTENT_TYPE, "application/json".into())],
+        [
+            (header::LOCATION, format!("/charges/{id}")),
+            (header::CONTENT_TYPE, "application/json".into()),
+        ],
         json,
     )
         .into_response())
 }
 
-async fn get_charge(Extension(pool): Extension<Pool>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn get_charge(
+    Extension(pool): Extension<Pool>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let tenant = match tenant(&headers) {
         Ok(t) => t,
         Err(r) => return r,
@@ -127,7 +164,11 @@ async fn get_charge(Extension(pool): Extension<Pool>, headers: HeaderMap, Path(i
         .map_err(pg_idempotency::Error::from)
     };
     match found.await {
-        Ok(Some(row)) => ([(header::CONTENT_TYPE, "application/json")], row.get::<_, String>(0)).into_response(),
+        Ok(Some(row)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            row.get::<_, String>(0),
+        )
+            .into_response(),
         Ok(None) => problem(404, "not-found", "Not found", "No such charge."),
         Err(e) => e.into_response(),
     }
@@ -141,16 +182,34 @@ async fn main() {
         eprintln!("demo: --database-url: {e}");
         std::process::exit(2)
     });
-    let manager = Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    let pool = Pool::builder(manager).max_size(o.pool_size).build().expect("pool");
-    let schema = async { pool.get().await?.batch_execute(SCHEMA).await.map_err(pg_idempotency::Error::from) };
+    let manager = Manager::from_config(
+        pg,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(o.pool_size)
+        .build()
+        .expect("pool");
+    let schema = async {
+        pool.get()
+            .await?
+            .batch_execute(SCHEMA)
+            .await
+            .map_err(pg_idempotency::Error::from)
+    };
     if let Err(e) = schema.await {
         eprintln!("demo: creating table charges: {e}");
         std::process::exit(1);
     }
     let idem = IdempotencyLayer::new(pool.clone()).scope(scope);
     let app = Router::new()
-        .route("/charges", post(create_charge).layer(idem.clone().same_transaction()))
+        .route(
+            "/charges",
+            post(create_charge).layer(idem.clone().same_transaction()),
+        )
         .route(
             "/charges/external",
             post(create_charge).layer(idem.committed_first(Duration::from_millis(o.lease_ms))),
@@ -159,10 +218,12 @@ async fn main() {
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(Extension(pool))
         .layer(Extension(Faults(o.allow_fault_injection)));
-    let listener = tokio::net::TcpListener::bind(&o.listen).await.unwrap_or_else(|e| {
-        eprintln!("demo: cannot listen on {}: {e}", o.listen);
-        std::process::exit(1)
-    });
+    let listener = tokio::net::TcpListener::bind(&o.listen)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!("demo: cannot listen on {}: {e}", o.listen);
+            std::process::exit(1)
+        });
     log::info!("demo listening on {}", listener.local_addr().unwrap());
     axum::serve(listener, app).await.expect("server");
 }

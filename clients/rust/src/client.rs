@@ -127,7 +127,8 @@ fn interval(d: Option<Duration>) -> Option<String> {
     d.map(|d| format!("{} milliseconds", d.as_millis()))
 }
 
-const CLAIM_COLUMNS: &str = "c.outcome, c.token, c.http_status, c.response_status, c.response_headers,
+const CLAIM_COLUMNS: &str =
+    "c.outcome, c.token, c.http_status, c.response_status, c.response_headers,
        c.response_body, c.response_body::text, c.recovery_point, c.recovery_data, c.attempts,
        extract(epoch FROM c.expires_at)::float8,
        extract(epoch FROM c.locked_until - clock_timestamp())::float8";
@@ -292,7 +293,11 @@ pub struct Record {
 }
 
 /// `idem_lookup`: the live record, or None. Read-only.
-pub async fn lookup(db: &impl GenericClient, scope: &str, key: &str) -> Result<Option<Record>, Error> {
+pub async fn lookup(
+    db: &impl GenericClient,
+    scope: &str,
+    key: &str,
+) -> Result<Option<Record>, Error> {
     let row = db
         .query_typed_opt(
             "SELECT k.status::text, k.fingerprint, k.attempts, k.recovery_point, k.recovery_data,

@@ -103,8 +103,16 @@ impl Idem {
         let s = &self.0;
         if s.committed_first {
             let conn = s.pool.get().await?;
-            client::checkpoint(&**conn, &s.scope, &s.key, s.token, point, data.as_ref(), Some(s.lease))
-                .await?;
+            client::checkpoint(
+                &**conn,
+                &s.scope,
+                &s.key,
+                s.token,
+                point,
+                data.as_ref(),
+                Some(s.lease),
+            )
+            .await?;
         } else {
             let db = self.db().await?;
             client::checkpoint(&*db, &s.scope, &s.key, s.token, point, data.as_ref(), None).await?;
@@ -138,8 +146,16 @@ impl Idem {
             let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
             *guard = Some(conn);
             let db = guard.as_ref().expect("just set");
-            client::checkpoint(&***db, &s.scope, &s.key, s.token, &point, data.as_ref(), Some(s.lease))
-                .await?;
+            client::checkpoint(
+                &***db,
+                &s.scope,
+                &s.key,
+                s.token,
+                &point,
+                data.as_ref(),
+                Some(s.lease),
+            )
+            .await?;
         }
         Ok(Db(guard))
     }
@@ -153,7 +169,9 @@ pub struct Db(OwnedMutexGuard<Option<Object>>);
 impl Deref for Db {
     type Target = tokio_postgres::Client;
     fn deref(&self) -> &tokio_postgres::Client {
-        self.0.as_ref().expect("the connection is there while the handler runs")
+        self.0
+            .as_ref()
+            .expect("the connection is there while the handler runs")
     }
 }
 
@@ -163,7 +181,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Idem {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Idem>().cloned().ok_or_else(|| {
             log::error!("pg-idempotency: an Idem extractor on a route without IdempotencyLayer");
-            problem(500, "internal", "Internal error", "The route is not set up for idempotency.")
+            problem(
+                500,
+                "internal",
+                "Internal error",
+                "The route is not set up for idempotency.",
+            )
         })
     }
 }
@@ -180,8 +203,10 @@ impl IntoResponse for Error {
             ));
         }
         if self.retryable() {
-            return Disposition::Release
-                .mark(in_progress(1, "A request with this Idempotency-Key is being processed. Retry later."));
+            return Disposition::Release.mark(in_progress(
+                1,
+                "A request with this Idempotency-Key is being processed. Retry later.",
+            ));
         }
         log::error!("pg-idempotency: {self}");
         problem(500, "internal", "Internal error", "The request failed.")

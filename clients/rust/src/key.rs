@@ -38,7 +38,10 @@ pub fn parse(values: &[&[u8]]) -> Result<String, KeyError> {
         _ => return Err(KeyError::Repeated),
     };
     let malformed = |why: &str| KeyError::Malformed(why.to_owned());
-    if raw.iter().any(|&b| !(0x20..0x7f).contains(&b) && b != b'\t') {
+    if raw
+        .iter()
+        .any(|&b| !(0x20..0x7f).contains(&b) && b != b'\t')
+    {
         return Err(malformed("it holds a control or non-ASCII character"));
     }
     let item: Item = Parser::new(raw)
@@ -87,8 +90,24 @@ mod tests {
         assert_eq!(parse(&[]), Err(KeyError::Missing));
         assert_eq!(parse(&[b"\"a\"", b"\"b\""]), Err(KeyError::Repeated));
         for bad in [
-            "", "  ", "\"\"", "\"abc", "\"a\"b", "\"a\";p=1", "tok;p=1", "\"a\\nb\"", "a b", "a,b",
-            "\"a\tb\"", "\"a\x01b\"", "a\x7fb", "\"caf\u{e9}\"", "42", "1.5", "?1", ":YWJj:",
+            "",
+            "  ",
+            "\"\"",
+            "\"abc",
+            "\"a\"b",
+            "\"a\";p=1",
+            "tok;p=1",
+            "\"a\\nb\"",
+            "a b",
+            "a,b",
+            "\"a\tb\"",
+            "\"a\x01b\"",
+            "a\x7fb",
+            "\"caf\u{e9}\"",
+            "42",
+            "1.5",
+            "?1",
+            ":YWJj:",
             "8e03978e-40d5",
         ] {
             assert!(

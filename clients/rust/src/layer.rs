@@ -190,7 +190,12 @@ where
                 Ok(r) => Ok(r),
                 Err(e) => {
                     log::error!("pg-idempotency: request task failed: {e}");
-                    Ok(problem(500, "internal", "Internal error", "The request failed."))
+                    Ok(problem(
+                        500,
+                        "internal",
+                        "Internal error",
+                        "The request failed.",
+                    ))
                 }
             }
         })
@@ -212,10 +217,18 @@ fn key_problem(e: &key::KeyError) -> Response {
 
 fn error_response(what: &str, e: &Error) -> Response {
     if e.retryable() {
-        return in_progress(1, "Another request with this Idempotency-Key is being processed. Retry later.");
+        return in_progress(
+            1,
+            "Another request with this Idempotency-Key is being processed. Retry later.",
+        );
     }
     log::error!("pg-idempotency: {what}: {e}");
-    problem(500, "internal", "Internal error", "The request failed; it was not carried out.")
+    problem(
+        500,
+        "internal",
+        "Internal error",
+        "The request failed; it was not carried out.",
+    )
 }
 
 /// The answers to `replay`, `in_progress`, `mismatch` and `expired`: the handler does not run.
@@ -268,16 +281,33 @@ where
     };
     let bytes = match to_bytes(body, cfg.max_body).await {
         Ok(b) => b,
-        Err(_) => return problem(413, "body-too-large", "Request body too large", "The body is too large."),
+        Err(_) => {
+            return problem(
+                413,
+                "body-too-large",
+                "Request body too large",
+                "The body is too large.",
+            )
+        }
     };
-    let features = match cfg.features.get_or_try_init(|| async {
-        let conn = cfg.pool.get().await?;
-        client::features(&**conn).await
-    }).await {
+    let features = match cfg
+        .features
+        .get_or_try_init(|| async {
+            let conn = cfg.pool.get().await?;
+            client::features(&**conn).await
+        })
+        .await
+    {
         Ok(f) => *f,
         Err(e) => return error_response("reading the extension's features", &e),
     };
-    let request = Claiming { cfg: &cfg, features, scope, key, body: bytes };
+    let request = Claiming {
+        cfg: &cfg,
+        features,
+        scope,
+        key,
+        body: bytes,
+    };
     match cfg.mode {
         Mode::SameTransaction => same_transaction(request, parts, inner).await,
         Mode::CommittedFirst => committed_first(request, parts, inner).await,
@@ -293,7 +323,11 @@ struct Claiming<'a> {
 }
 
 impl Claiming<'_> {
-    async fn claim(&self, db: &tokio_postgres::Client, lease: Option<Duration>) -> Result<Claim, Error> {
+    async fn claim(
+        &self,
+        db: &tokio_postgres::Client,
+        lease: Option<Duration>,
+    ) -> Result<Claim, Error> {
         let json: Option<Value> = serde_json::from_slice(&self.body).ok();
         let fingerprint = match &json {
             Some(v) => Fingerprint::Json(v, &self.cfg.ignore),
@@ -309,7 +343,12 @@ impl Claiming<'_> {
             token: Some(uuid::Uuid::new_v4()),
         };
         let c = client::claim(db, self.features, &args).await?;
-        log::info!("pg-idempotency: {} key={:?} outcome={:?}", self.scope, self.key, c.outcome);
+        log::info!(
+            "pg-idempotency: {} key={:?} outcome={:?}",
+            self.scope,
+            self.key,
+            c.outcome
+        );
         Ok(c)
     }
 
@@ -396,7 +435,10 @@ where
         Ok(c) => c,
         Err(e) => return error_response("pool", &Error::from(e)),
     };
-    let begin = format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", r.cfg.lock_timeout.as_millis());
+    let begin = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+        r.cfg.lock_timeout.as_millis()
+    );
     if let Err(e) = conn.batch_execute(&begin).await {
         return error_response("BEGIN", &Error::from(e));
     }
@@ -416,17 +458,24 @@ where
     let shared = r.shared(&claim, tx.0.take());
     let response = run_handler(inner, parts, r.body.clone(), Idem(shared.clone())).await;
     let Some(conn) = shared.conn.lock().await.take() else {
-        return problem(500, "internal", "Internal error", "The transaction was lost.");
+        return problem(
+            500,
+            "internal",
+            "Internal error",
+            "The transaction was lost.",
+        );
     };
     let tx = InTransaction(Some(conn));
     match r.disposition(&response) {
-        Disposition::Store => match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
-            Ok(answer) => match tx.end(true).await {
-                Ok(()) => answer,
-                Err(e) => error_response("COMMIT", &e),
-            },
-            Err(answer) => answer,
-        },
+        Disposition::Store => {
+            match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
+                Ok(answer) => match tx.end(true).await {
+                    Ok(()) => answer,
+                    Err(e) => error_response("COMMIT", &e),
+                },
+                Err(answer) => answer,
+            }
+        }
         Disposition::Release | Disposition::Keep => {
             let _ = tx.end(false).await; // the claim goes with the rollback
             response
@@ -445,13 +494,26 @@ async fn store(
     let (parts, body) = response.into_parts();
     let bytes = to_bytes(body, usize::MAX).await.map_err(|e| {
         log::error!("pg-idempotency: reading the handler's response: {e}");
-        problem(500, "internal", "Internal error", "The response could not be read.")
+        problem(
+            500,
+            "internal",
+            "Internal error",
+            "The response could not be read.",
+        )
     })?;
     let stored = match to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers) {
         Ok(s) => s,
         Err(why) => {
-            log::error!("pg-idempotency: the response cannot be stored ({}); claim released", why.0);
-            return Err(problem(500, "internal", "Internal error", "The response could not be stored."));
+            log::error!(
+                "pg-idempotency: the response cannot be stored ({}); claim released",
+                why.0
+            );
+            return Err(problem(
+                500,
+                "internal",
+                "Internal error",
+                "The response could not be stored.",
+            ));
         }
     };
     let done = client::complete(
@@ -499,7 +561,12 @@ where
         return answer_without_work(&claim);
     }
     let shared = r.shared(&claim, None);
-    let handler = tokio::spawn(run_handler(inner, parts, r.body.clone(), Idem(shared.clone())));
+    let handler = tokio::spawn(run_handler(
+        inner,
+        parts,
+        r.body.clone(),
+        Idem(shared.clone()),
+    ));
     let abort = handler.abort_handle();
     let response = tokio::select! {
         done = handler => done.unwrap_or_else(|e| {
@@ -513,7 +580,12 @@ where
             return in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.");
         }
     };
-    let tx = shared.conn.lock().await.take().map(|c| InTransaction(Some(c)));
+    let tx = shared
+        .conn
+        .lock()
+        .await
+        .take()
+        .map(|c| InTransaction(Some(c)));
     match r.disposition(&response) {
         Disposition::Store => {
             let answer = match &tx {
@@ -542,11 +614,21 @@ where
                 let _ = tx.end(false).await;
             }
             match r.cfg.pool.get().await {
-                Ok(conn) => match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
-                    Ok(true) => log::info!("pg-idempotency: {} key={:?}: released", shared.scope, shared.key),
-                    Ok(false) => log::warn!("pg-idempotency: {} key={:?}: release found the claim gone", shared.scope, shared.key),
-                    Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
-                },
+                Ok(conn) => {
+                    match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
+                        Ok(true) => log::info!(
+                            "pg-idempotency: {} key={:?}: released",
+                            shared.scope,
+                            shared.key
+                        ),
+                        Ok(false) => log::warn!(
+                            "pg-idempotency: {} key={:?}: release found the claim gone",
+                            shared.scope,
+                            shared.key
+                        ),
+                        Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
+                    }
+                }
                 Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
             }
             response
@@ -573,7 +655,16 @@ async fn renew(shared: &Shared) -> Error {
         let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
         let result = match shared.pool.get().await {
             Ok(conn) => {
-                client::checkpoint(&**conn, &shared.scope, &shared.key, shared.token, &point, data.as_ref(), Some(shared.lease)).await
+                client::checkpoint(
+                    &**conn,
+                    &shared.scope,
+                    &shared.key,
+                    shared.token,
+                    &point,
+                    data.as_ref(),
+                    Some(shared.lease),
+                )
+                .await
             }
             Err(e) => Err(Error::from(e)),
         };

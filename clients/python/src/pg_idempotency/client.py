@@ -98,14 +98,16 @@ SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = 'idempotency'"""
 
-CLAIM_COLUMNS = """c.outcome, c.token, c.http_status, c.response_status, c.response_headers,
-       c.response_body::text, c.recovery_point, c.recovery_data, c.attempts, c.expires_at,
+# jsonb columns are read as text and parsed here: connections may carry their own jsonb
+# loaders (Django's returns text), so the client does not depend on them.
+CLAIM_COLUMNS = """c.outcome, c.token, c.http_status, c.response_status, c.response_headers::text,
+       c.response_body::text, c.recovery_point, c.recovery_data::text, c.attempts, c.expires_at,
        c.locked_until,
        CASE WHEN c.outcome = 'in_progress' THEN
             greatest(1, ceil(extract(epoch FROM c.locked_until - clock_timestamp())))::int END"""
 
 RECORD_COLUMNS = ("scope, key, fingerprint, status::text, token, attempts, locked_until, recovery_point, "
-                  "recovery_data, response_status, response_headers, response_body, created_at, "
+                  "recovery_data::text, response_status, response_headers::text, response_body::text, created_at, "
                   "updated_at, completed_at, expires_at")
 
 
@@ -129,12 +131,22 @@ def claim_statement(features: Features, scope: str, key: str, fingerprint: str |
     return f"SELECT {CLAIM_COLUMNS} FROM idempotency.idem_claim({args}) AS c", params
 
 
+def _parse(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
 def claim_from_row(row: Sequence[Any]) -> Claim:
-    return Claim(Outcome(row[0]), *row[1:])
+    r = list(row)
+    r[0], r[4], r[7] = Outcome(r[0]), _parse(r[4]), _parse(r[7])
+    return Claim(*r)
 
 
 def record_from_row(row: Sequence[Any] | None) -> Record | None:
-    return None if row is None else Record(*row)
+    if row is None:
+        return None
+    r = list(row)
+    r[8], r[10], r[11] = _parse(r[8]), _parse(r[10]), _parse(r[11])
+    return Record(*r)
 
 
 COMPLETE_SQL = ("SELECT %(body)s::jsonb::text FROM idempotency.idem_complete("

@@ -24,8 +24,11 @@ SELECT outcome, http_status, length(response_body #>> '{}') AS body_length
 RESET idempotency.max_response_size;
 
 -- The limit itself must be between 1kB and 1GB.
-SET idempotency.max_response_size = 0;
-SET idempotency.max_response_size = '2GB';
+-- (The message's tail, the range, is spelled differently by each major: left out.)
+SELECT sqlstate, split_part(message, ' (', 1) AS message
+  FROM fixture.try($$ SET idempotency.max_response_size = 0 $$);
+SELECT sqlstate, split_part(message, ' (', 1) AS message
+  FROM fixture.try($$ SET idempotency.max_response_size = '2GB' $$);
 
 -- Deeply nested documents: 1000 levels fingerprint, 1001 are refused with 22023.
 SELECT idempotency.idem_fingerprint((repeat('[', 1000) || repeat(']', 1000))::jsonb) LIKE 'sha256:%' AS depth_1000;

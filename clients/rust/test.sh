@@ -81,6 +81,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = $DIR/userlist.txt
 pool_mode = transaction
+admin_users = postgres
 max_client_conn = 300
 default_pool_size = 20
 pidfile = $DIR/pgbouncer.pid
@@ -90,6 +91,16 @@ if as_postgres "$PGBOUNCER" -d "$DIR/pgbouncer.ini"; then
     sleep 0.5
     DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" \
         run_tests pgbouncer --test client --test http -- --test-threads 4
+    # Proof that the run went through pgbouncer in transaction mode (its admin console).
+    admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
+    mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')
+    xacts=$(admin "SHOW STATS" | awk '$1 == "postgres" { print $2 }')
+    echo "pgbouncer: pool_mode=$mode, transactions carried for database postgres: ${xacts:-none}"
+    if [ "$mode" = transaction ] && [ "${xacts:-0}" -gt 100 ]; then
+        passed=$((passed + 1))
+    else
+        note_failure "the pgbouncer run did not go through pgbouncer in transaction mode"
+    fi
 else
     note_failure "pgbouncer did not start (see $DIR/pgbouncer.log)"
 fi

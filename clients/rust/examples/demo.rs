@@ -43,9 +43,13 @@ struct Options {
     allow_fault_injection: bool,
 }
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (
+// Under an advisory lock: apps starting side by side would otherwise race on the table's
+// catalog rows (CREATE TABLE IF NOT EXISTS is not safe against itself).
+const SCHEMA: &str = "BEGIN; SELECT pg_advisory_xact_lock(hashtext('charges schema'));
+CREATE TABLE IF NOT EXISTS charges (
     id text PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL CHECK (amount > 0),
-    currency text NOT NULL, gateway_charge_id text UNIQUE, created_at timestamptz NOT NULL DEFAULT now())";
+    currency text NOT NULL, gateway_charge_id text UNIQUE, created_at timestamptz NOT NULL DEFAULT now());
+COMMIT";
 
 const INSERT: &str = "INSERT INTO charges (id, tenant, amount, currency)
     VALUES ('ch_' || replace(gen_random_uuid()::text, '-', ''), $1, $2, $3)

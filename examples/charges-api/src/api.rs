@@ -43,7 +43,11 @@ SELECT jsonb_build_object('id', id, 'object', 'charge', 'amount', amount, 'curre
                           'created_at', created_at)::text
 FROM charges WHERE id = $1 AND tenant = $2";
 
+/// Under an advisory lock: services starting side by side would otherwise race on the table's
+/// catalog rows (CREATE TABLE IF NOT EXISTS is not safe against itself).
 const SCHEMA: &str = "\
+BEGIN;
+SELECT pg_advisory_xact_lock(hashtext('charges schema'));
 CREATE TABLE IF NOT EXISTS charges (
     id                text PRIMARY KEY,
     tenant            text NOT NULL,
@@ -51,7 +55,8 @@ CREATE TABLE IF NOT EXISTS charges (
     currency          text NOT NULL,
     gateway_charge_id text UNIQUE,
     created_at        timestamptz NOT NULL DEFAULT now()
-)";
+);
+COMMIT";
 
 impl App {
     pub fn new(pool: Pool, gateway: Gateway, lease: Duration, allow_fault_injection: bool) -> App {

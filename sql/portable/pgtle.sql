@@ -34,7 +34,15 @@ $_pgtle_$
 -- search_path, so nothing on the caller's path can stand in for a name it uses.
 -- The helpers named portable_* are this edition's own.
 
-CREATE SCHEMA IF NOT EXISTS idempotency;
+-- Created here unless it exists: CREATE EXTENSION (a control file with schema = idempotency)
+-- creates it first, and an extension script may not name a schema it does not own.
+DO $$
+BEGIN
+    IF pg_catalog.to_regnamespace('idempotency') IS NULL THEN
+        CREATE SCHEMA idempotency;
+    END IF;
+END
+$$;
 
 -- The record, the message log and the claim result type (as sql/bootstrap.sql).
 

@@ -67,9 +67,11 @@ up() {
     local dir=/tmp/idem-port-$1 bin=$2 port=$3
     down "$dir" "$bin"
     rm -rf "$dir" && mkdir -p "$dir" && chown postgres "$dir"
+    # The port and socket go into postgresql.conf: stress.py restarts the server after its crash.
     as_postgres "$bin/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --locale=C >"$dir/initdb.log" 2>&1 &&
-        as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-            -o "-p $port -k $dir -c listen_addresses='' -c max_connections=120" start >/dev/null &&
+        printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = ''\nmax_connections = 120\n" \
+            "$port" "$dir" >>"$dir/data/postgresql.conf" &&
+        as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null &&
         CLUSTERS+=("$dir|$bin")
 }
 down() { [ -f "$1/data/postmaster.pid" ] && as_postgres "$2/pg_ctl" -D "$1/data" -m fast -w stop >/dev/null 2>&1; true; }
@@ -140,27 +142,34 @@ section_fingerprint() {
         -c "\\copy reference FROM '$WORK/expected.csv' (FORMAT csv)"
     local got
     got=$(q "$OWNER" "$db" -f "$HERE/fingerprint_reference.sql")
+    echo "reference: $(tail -n 1 <<<"$got")"
     check "$M fingerprint: a random corpus agrees with an independent RFC 8785 implementation" \
         "$(tail -n 1 <<<"$got" | sed -E 's/^([0-9]+) of ([0-9]+).*/\2 of \2/')" "$(tail -n 1 <<<"$got" | sed -E 's/^([0-9]+) of ([0-9]+).*/\1 of \2/')"
     [ "$(grep -c '' <<<"$got")" -gt 1 ] && head -n 5 <<<"$got"
     got=$(q "$OWNER" "$db" -f "$HERE/fingerprint_rfc.sql" 2>&1)
     check "$M fingerprint: RFC 8785 examples and edge numbers" "" "$got"
-    if native_available; then
-        q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'" 2>/dev/null ||
-            { # the schema idempotency is the portable one here: compare in a database of its own
-              q postgres postgres -c "CREATE DATABASE port_fp_native"; db=port_fp_native
-              q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'"
-              q postgres "$db" -c "CREATE TABLE corpus (n serial, doc text, ignore text[])" \
-                  -c "\\copy corpus(doc, ignore) FROM '$WORK/corpus.csv' (FORMAT csv)"; }
-        sed -e 's/idempotency\./idem_portable./g' \
-            -e 's/^CREATE SCHEMA IF NOT EXISTS idempotency;/CREATE SCHEMA idem_portable;/' "$RELEASE" >"$WORK/renamed.sql"
-        q postgres "$db" -1 -f "$WORK/renamed.sql" >/dev/null
-        got=$(q postgres "$db" -f "$HERE/fingerprint_compare.sql" | tail -n 1)
-        check_match "$M fingerprint: the same as the native idem_fingerprint on the corpus" \
-            '^fingerprint: ([0-9]+) of \1 documents agree$' "$got"
-    else
-        skip "$M fingerprint: native vs portable" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"
+}
+
+# idem_fingerprint of both editions in one database: the native extension, and the portable
+# script with its schema renamed to idem_portable; on the corpus of section_fingerprint.
+fingerprint_vs_native() {
+    if ! native_available; then
+        skip "$M fingerprint: native vs portable" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
     fi
+    [ -f "$WORK/corpus.csv" ] || python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}" >"$WORK/corpus.csv"
+    local db=port_fp_native got
+    q postgres postgres -c "CREATE DATABASE $db"
+    q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'" \
+        -c "CREATE TABLE corpus (n serial, doc text, ignore text[])" \
+        -c "\\copy corpus(doc, ignore) FROM '$WORK/corpus.csv' (FORMAT csv)"
+    sed -e 's/idempotency\./idem_portable./g' \
+        -e "s/to_regnamespace('idempotency')/to_regnamespace('idem_portable')/" -e 's/CREATE SCHEMA idempotency;/CREATE SCHEMA idem_portable;/' "$RELEASE" >"$WORK/renamed.sql"
+    q postgres "$db" -1 -f "$WORK/renamed.sql" >/dev/null
+    got=$(q postgres "$db" -f "$HERE/fingerprint_compare.sql")
+    echo "$(tail -n 1 <<<"$got")"
+    check_match "$M fingerprint: the same as the native idem_fingerprint on the corpus and its errors" \
+        '^fingerprint: ([0-9]+) of \1 documents agree$' "$(tail -n 1 <<<"$got")"
+    [ "$(grep -c '' <<<"$got")" -gt 2 ] && head -n 8 <<<"$got"
 }
 
 # pg_regress's per-test lines, as "ok NAME" / "fail NAME" (PostgreSQL 15's and 16+'s formats).
@@ -224,14 +233,14 @@ section_security() {
     check "$M security: pg_restore of pg_dump -Fc succeeds" "" "$(cat "$WORK/restore.log")"
     check "$M security: after restore, replay and the in-flight token" "replay 201|t" \
         "$(q "$OWNER" port_restored -c "SELECT outcome || ' ' || http_status FROM idempotency.idem_claim('sec', 'k1')" \
-              -c "SELECT idempotency.idem_release('sec', 'inflight', '$tok')")"
+              -c "SELECT idempotency.idem_release('sec', 'inflight', '$tok')" | paste -sd'|')"
 }
 
 section_extension() {
     [ "$M" = 18 ] || return 0
     local share
     share=$("$BIN/pg_config" --sharedir)/extension
-    if [ -f "$share/idempotency.control" ] && grep -q module_pathname "$share/idempotency.control"; then
+    if [ -f "$share/idempotency.control" ] && grep -q '^module_pathname' "$share/idempotency.control"; then
         skip "$M extension" "$share holds the native extension"; return
     fi
     cp "$ROOT/sql/portable/idempotency-portable.control" "$share/idempotency.control"
@@ -289,8 +298,8 @@ section_switch() {
     q postgres postgres -c "CREATE DATABASE $db"
     q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'"
     q postgres "$db" -f "$HERE/switch_fixture.sql" >"$WORK/switch-fixture.log"
-    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys" \
-               -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages")
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" \
+               -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages AS m" | paste -sd'|')
     if q postgres "$db" -f "$ROOT/sql/portable/switch-native-to-portable.sql" >"$WORK/switch1.log" 2>&1; then
         ok "$M switch: native -> portable"
     else
@@ -298,15 +307,15 @@ section_switch() {
     fi
     check "$M switch: portable now (no extension), every row as it was" "0|$before" \
         "$(q postgres "$db" -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'" \
-              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys" \
-              -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages" | paste -sd'|' | sed 's/|/|/')"
+              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" \
+              -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages AS m" | paste -sd'|' | sed 's/|/|/')"
     got=$(q idem_app "$db" -f "$HERE/switch_verify.sql" 2>/dev/null)
     check "$M switch: on portable, grants, RLS, tokens in flight, replays and expired records behave" \
         "$(cat "$HERE/expected/switch_verify.txt")" "$got"
     # And back, after the verification changed the data.
-    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys")
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k")
     q postgres "$db" -c "TRUNCATE idempotency.keys, idempotency.messages" -f "$HERE/switch_fixture.sql" >/dev/null
-    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys")
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k")
     if q postgres "$db" -f "$ROOT/sql/portable/switch-portable-to-native.sql" >"$WORK/switch2.log" 2>&1; then
         ok "$M switch: portable -> native"
     else
@@ -314,7 +323,7 @@ section_switch() {
     fi
     check "$M switch: native again, every row as it was" "$VERSION|$before" \
         "$(q postgres "$db" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
-              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys" | paste -sd'|')"
+              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" | paste -sd'|')"
     got=$(q idem_app "$db" -f "$HERE/switch_verify.sql" 2>/dev/null)
     check "$M switch: on native, grants, RLS, tokens in flight, replays and expired records behave" \
         "$(cat "$HERE/expected/switch_verify.txt")" "$got"
@@ -336,18 +345,17 @@ for M in $PORT_MAJORS; do
         [ "$s" = switch ] && continue
         echo "-- $s"; "section_$s"
     done
-    if [[ " $SECTIONS " == *" switch "* ]]; then
-        echo "-- switch"
-        if [ "$M" = 18 ]; then
-            section_switch sqlonly
-            # The shared PostgreSQL 18, where the native extension may be installed.
-            bin=$(bindir_of 18-native)
-            if [ -x "$bin/postgres" ] && up "pg18-native" "$bin" $((port + 1)); then
-                use_cluster "pg18-native" "$bin" $((port + 1)); make_owner
-            fi
+    [[ " $SECTIONS " == *" switch "* ]] && { echo "-- switch"; [ "$M" = 18 ] && section_switch sqlonly; }
+    # Against the native extension: in this server (15, when installed), or in the shared
+    # PostgreSQL 18 where the native extension is installed.
+    if [ "$M" = 18 ]; then
+        bin=$(bindir_of 18-native)
+        if [ -x "$bin/postgres" ] && up "pg18-native" "$bin" $((port + 1)); then
+            use_cluster "pg18-native" "$bin" $((port + 1)); make_owner
         fi
-        section_switch native
     fi
+    [[ " $SECTIONS " == *" fingerprint "* ]] && { echo "-- fingerprint vs native"; fingerprint_vs_native; }
+    [[ " $SECTIONS " == *" switch "* ]] && { echo "-- switch vs native"; section_switch native; }
     port=$((port + 10))
 done
 finish portable

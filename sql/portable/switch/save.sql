@@ -24,13 +24,13 @@ SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END, c.relname::text, NU
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
    AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'stats'])
 UNION ALL
-SELECT 'FUNCTION', p.proname::text, pg_catalog.pg_get_function_identity_arguments(p.oid),
+SELECT 'FUNCTION', p.proname::text, pg_catalog.oidvectortypes(p.proargtypes),
        a.grantee, a.privilege_type, a.is_grantable
   FROM pg_catalog.pg_proc AS p, pg_catalog.aclexplode(p.proacl) AS a
  WHERE p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
    AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
 UNION ALL
-SELECT 'FUNCTION', p.proname::text, pg_catalog.pg_get_function_identity_arguments(p.oid),
+SELECT 'FUNCTION', p.proname::text, pg_catalog.oidvectortypes(p.proargtypes),
        0::oid, 'REVOKE PUBLIC', false
   FROM pg_catalog.pg_proc AS p
  WHERE p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace

@@ -1,5 +1,6 @@
 """What the FastAPI and Django demo apps share: options, the charges table, request
-validation and the charge's JSON (the demo app contract, /work/notes/demo-app.md)."""
+validation and the charge's JSON (issue 17's demo-app contract: the same routes in every
+client package, so one black-box suite, tests/e2e/run.py --app-cmd, tests them all)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def configure(args) -> None:
         IDEMPOTENCY={"ROUTES": common.policies(args.lease_ms), "TENANT": tenant_of},
         INSTALLED_APPS=[], USE_TZ=True,
         LOGGING={"version": 1, "handlers": {"err": {"class": "logging.StreamHandler"}},
-                 "loggers": {"pg_idempotency": {"handlers": ["err"], "level": "INFO"}}},
+                 "loggers": {"pg_idempotency": {"handlers": ["err"], "level": "INFO", "propagate": False}}},
     )
     import django
 
@@ -64,6 +64,15 @@ def healthz(request):
     return HttpResponse("ok\n", content_type="text/plain")
 
 
+def inject_faults(request) -> None:
+    """X-Fault-Delay-Ms / X-Fault-Fail-Before, with --allow-fault-injection only."""
+    delay = common.fault_delay_ms(request.headers, ARGS.allow_fault_injection)
+    if delay:
+        time.sleep(delay / 1000)
+    if common.fault_fail_before(request.headers, ARGS.allow_fault_injection):
+        raise RuntimeError("fault injected before the side effect")
+
+
 def create_charge(request):
     """Same transaction: the middleware's atomic block is open; the row goes into it."""
     from django.db import connection
@@ -74,6 +83,7 @@ def create_charge(request):
         amount, currency = common.parse_charge(request.body)
     except Refused as r:
         return problem(r)
+    inject_faults(request)
     charge_id = common.new_charge_id()
     with connection.cursor() as cur:
         cur.execute(common.INSERT_CHARGE, (charge_id, request.headers["X-Api-Key"], amount, currency))
@@ -91,11 +101,7 @@ def create_external_charge(request):
     except Refused as r:
         return problem(r)
     idem = request.idempotency
-    delay = common.fault_delay_ms(request.headers, ARGS.allow_fault_injection)
-    if delay:
-        time.sleep(delay / 1000)
-    if common.fault_fail_before(request.headers, ARGS.allow_fault_injection):
-        raise RuntimeError("fault injected before the side effect")
+    inject_faults(request)
     if idem.point == "charged":
         charge_id = idem.data["id"]
     else:

@@ -45,6 +45,14 @@ def build(args) -> FastAPI:
     app.add_middleware(IdempotencyMiddleware, pool=pool, routes=common.policies(args.lease_ms),
                        tenant=lambda scope: common.tenant_from(header(scope, b"x-api-key")))
 
+    async def inject_faults(request: Request) -> None:
+        """X-Fault-Delay-Ms / X-Fault-Fail-Before, with --allow-fault-injection only."""
+        delay = common.fault_delay_ms(request.headers, args.allow_fault_injection)
+        if delay:
+            await asyncio.sleep(delay / 1000)
+        if common.fault_fail_before(request.headers, args.allow_fault_injection):
+            raise RuntimeError("fault injected before the side effect")
+
     @app.get("/healthz")
     async def healthz():
         return PlainTextResponse("ok\n")
@@ -57,6 +65,7 @@ def build(args) -> FastAPI:
         except Refused as r:
             return problem_response(r)
         idem = request.state.idempotency
+        await inject_faults(request)
         charge_id = common.new_charge_id()
         await idem.conn.execute(common.INSERT_CHARGE, (charge_id, request.headers["x-api-key"], amount, currency))
         return created(charge_id, amount, currency)
@@ -70,11 +79,7 @@ def build(args) -> FastAPI:
         except Refused as r:
             return problem_response(r)
         idem = request.state.idempotency
-        delay = common.fault_delay_ms(request.headers, args.allow_fault_injection)
-        if delay:
-            await asyncio.sleep(delay / 1000)
-        if common.fault_fail_before(request.headers, args.allow_fault_injection):
-            raise RuntimeError("fault injected before the side effect")
+        await inject_faults(request)
         if idem.point == "charged":  # a takeover after the charge was written: finish it
             charge_id = idem.data["id"]
         else:

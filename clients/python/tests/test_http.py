@@ -3,6 +3,10 @@ real extension: what issue 17 asks every middleware to do."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -11,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from conftest import TEST_LEASE_MS, Server, has_tombstones
+from pg_idempotency import Idempotency, Outcome, fingerprint_body
+
+from conftest import APPS, TEST_LEASE_MS, Server, has_tombstones
 
 ROUTES = ("/charges", "/charges/external")
 AMOUNT = {"amount": 500, "currency": "eur"}
@@ -34,6 +40,20 @@ def records(db_url: str, tenant_: str) -> int:
     with psycopg.connect(db_url) as c:
         return c.execute("SELECT count(*) FROM idempotency.keys WHERE starts_with(scope, %s)",
                          (tenant_ + ":",)).fetchone()[0]
+
+
+@pytest.mark.parametrize("kind", sorted(APPS))
+@pytest.mark.parametrize("argv,complaint", [
+    ([], "--database-url"), (["--database-url", "postgresql://x/y"], "--listen"),
+    (["--listen", "nowhere", "--database-url", "postgresql://x/y"], "--listen"),
+    (["--listen", "127.0.0.1:1", "--database-url", "postgresql://x/y", "--lease-ms", "0"], "--lease-ms"),
+])
+def test_demo_refuses_bad_options(kind, argv, complaint):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "LISTEN_ADDR")}
+    done = subprocess.run([str(APPS[kind]), *argv], capture_output=True, text=True, timeout=60,
+                          env={**env, "IDEM_PY_PYTHON": sys.executable})
+    error = done.stderr.strip().splitlines()[-1]  # argparse: usage, then "PROG: error: ..."
+    assert done.returncode == 2 and "error:" in error and complaint in error, done.stderr
 
 
 def test_healthz(app: Server):
@@ -174,14 +194,41 @@ def test_12_concurrent_identical_requests_one_side_effect(app, route, db_url):
     assert again.replayed and again.body == firsts[0].body
 
 
-def test_handler_failing_before_its_side_effect_leaves_the_key_free(app, db_url):
+@pytest.mark.parametrize("route", ROUTES)
+def test_handler_failing_before_its_side_effect_leaves_the_key_free(app, route, db_url):
     t, key = tenant(), new_key()
-    r = app.post("/charges/external", AMOUNT, key, t, extra=[("X-Fault-Fail-Before", "1")])
+    r = app.post(route, AMOUNT, key, t, extra=[("X-Fault-Fail-Before", "1")])
     assert r.is_problem(500), r
     assert records(db_url, t) == 0 and charges(db_url, t) == 0
-    again = app.post("/charges/external", AMOUNT, key, t)
+    again = app.post(route, AMOUNT, key, t)
     assert again.status == 201 and not again.replayed
     assert charges(db_url, t) == 1
+
+
+def test_takeover_fences_the_late_side_effect_and_completion(app, db_url):
+    """Another owner takes the claim over while the handler sleeps: the handler's step is
+    refused (its charge rolls back) and it answers 409, not a success."""
+    t, raw_key = tenant(), str(uuid.uuid4())
+    slow: dict = {}
+    worker = threading.Thread(target=lambda: slow.update(r=app.post(
+        "/charges/external", AMOUNT, f'"{raw_key}"', t, extra=[("X-Fault-Delay-Ms", "2500")])))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while records(db_url, t) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    scope = f"{t}:POST /charges/external"
+    with psycopg.connect(db_url) as c:  # one transaction: the lease ends and the claim is taken over
+        c.execute("UPDATE idempotency.keys SET locked_until = now() - interval '1 second' "
+                  "WHERE scope = %s AND key = %s", (scope, raw_key))
+        claim = Idempotency().claim(c, scope, raw_key, fingerprint_body(json.dumps(AMOUNT).encode()))
+        assert claim.outcome == Outcome.RECLAIMED
+        Idempotency().complete(c, scope, raw_key, claim.token, 201, {"taken": "over"},
+                               {"Content-Type": "application/json"})
+    worker.join(30)
+    assert slow["r"].is_problem(409) and slow["r"].headers["retry-after"] == "1", slow["r"]
+    assert charges(db_url, t) == 0
+    again = app.post("/charges/external", AMOUNT, f'"{raw_key}"', t)
+    assert again.status == 201 and again.replayed and again.json() == {"taken": "over"}
 
 
 @pytest.mark.parametrize("kind", ["asgi", "django"])

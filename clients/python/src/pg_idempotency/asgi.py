@@ -168,6 +168,9 @@ class IdempotencyMiddleware:
         renewer = asyncio.create_task(keep_lease(ctx))
         try:
             status, headers, out = await run_app(self.app, scope, body, ctx)
+        except NotOwner:
+            log.warning("%s / %s was taken over while its handler ran: its step was refused", idem_scope, key)
+            return http.fenced_answer()
         except Exception:
             log.exception("handler failed")
             status, headers, out = 500, [], b""

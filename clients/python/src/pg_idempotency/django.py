@@ -160,6 +160,9 @@ class IdempotencyMiddleware:
         transaction rolls back, or the committed-first key is released)."""
         if getattr(request, "idempotency", None) is None:
             return None
+        if isinstance(exception, NotOwner):
+            log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
+            return to_response(http.fenced_answer())
         log.error("view failed: %r", exception, exc_info=exception)
         return to_response(http.problem(500, "Internal Server Error", "the request failed"))
 

@@ -327,6 +327,7 @@ impl Claiming<'_> {
         &self,
         db: &tokio_postgres::Client,
         lease: Option<Duration>,
+        token: uuid::Uuid,
     ) -> Result<Claim, Error> {
         let json: Option<Value> = serde_json::from_slice(&self.body).ok();
         let fingerprint = match &json {
@@ -340,7 +341,7 @@ impl Claiming<'_> {
             ttl: self.cfg.ttl,
             lease,
             wait: self.cfg.wait,
-            token: Some(uuid::Uuid::new_v4()),
+            token: Some(token),
         };
         let c = client::claim(db, self.features, &args).await?;
         log::info!(
@@ -445,7 +446,8 @@ where
     let tx = InTransaction(Some(conn));
     // A duplicate of a request whose transaction is still open waits here (the unique index),
     // then answers `replay` (it committed) or `claimed` (it rolled back).
-    let claim = match r.claim(tx.0.as_ref().expect("open"), None).await {
+    let token = uuid::Uuid::new_v4();
+    let claim = match r.claim(tx.0.as_ref().expect("open"), None, token).await {
         Ok(c) => c,
         Err(e) => return error_response("idem_claim", &e),
     };
@@ -547,13 +549,26 @@ where
     S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let claim = {
-        let conn = match r.cfg.pool.get().await {
-            Ok(c) => c,
-            Err(e) => return error_response("pool", &Error::from(e)),
+    // With the caller-chosen token (extension 0.4.0), a claim whose connection broke (its
+    // COMMIT may or may not have happened) is repeated once with the same token: the extension
+    // answers `claimed` again if the first one did commit.
+    let token = uuid::Uuid::new_v4();
+    let mut tries = if r.features.claim_wait_and_token {
+        2
+    } else {
+        1
+    };
+    let claim = loop {
+        tries -= 1;
+        let attempt = match r.cfg.pool.get().await {
+            Ok(conn) => r.claim(&conn, Some(r.cfg.lease), token).await,
+            Err(e) => Err(Error::from(e)),
         };
-        match r.claim(&conn, Some(r.cfg.lease)).await {
-            Ok(c) => c,
+        match attempt {
+            Ok(c) => break c,
+            Err(e) if tries > 0 && e.connection_lost() => {
+                log::warn!("pg-idempotency: idem_claim: {e}; repeating it with the same token")
+            }
             Err(e) => return error_response("idem_claim", &e),
         }
     };

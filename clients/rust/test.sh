@@ -90,7 +90,7 @@ EOF
 if as_postgres "$PGBOUNCER" -d "$DIR/pgbouncer.ini"; then
     sleep 0.5
     DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" \
-        run_tests pgbouncer --test client --test http -- --test-threads 4
+        run_tests pgbouncer --test client --test http --test layer -- --test-threads 4
     # Proof that the run went through pgbouncer in transaction mode (its admin console).
     admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
     mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')

@@ -53,6 +53,12 @@ def build(args) -> FastAPI:
         if common.fault_fail_before(request.headers, args.allow_fault_injection):
             raise RuntimeError("fault injected before the side effect")
 
+    @app.exception_handler(Refused)
+    async def refused(request: Request, r: Refused):
+        """A refused request (bad body, unknown charge): its problem answer, which the
+        middleware does not store (the key is given back)."""
+        return problem_response(r)
+
     @app.get("/healthz")
     async def healthz():
         return PlainTextResponse("ok\n")
@@ -60,10 +66,7 @@ def build(args) -> FastAPI:
     @app.post("/charges")
     async def create_charge(request: Request):
         """Same transaction: the charge row goes into the claim's transaction."""
-        try:
-            amount, currency = common.parse_charge(await request.body())
-        except Refused as r:
-            return problem_response(r)
+        amount, currency = common.parse_charge(await request.body())
         idem = request.state.idempotency
         await inject_faults(request)
         charge_id = common.new_charge_id()
@@ -74,10 +77,7 @@ def build(args) -> FastAPI:
     async def create_external_charge(request: Request):
         """Committed first: the claim is committed; the charge row is written later in a
         step of its own, fenced by its checkpoint."""
-        try:
-            amount, currency = common.parse_charge(await request.body())
-        except Refused as r:
-            return problem_response(r)
+        amount, currency = common.parse_charge(await request.body())
         idem = request.state.idempotency
         await inject_faults(request)
         if idem.point == "charged":  # a takeover after the charge was written: finish it
@@ -90,14 +90,11 @@ def build(args) -> FastAPI:
 
     @app.get("/charges/{charge_id}")
     async def get_charge(charge_id: str, request: Request):
-        try:
-            tenant = common.tenant_from(request.headers.get("x-api-key"))
-        except Refused as r:
-            return problem_response(r)
+        tenant = common.tenant_from(request.headers.get("x-api-key"))
         async with pool.connection() as conn:
             row = await (await conn.execute(common.SELECT_CHARGE, (charge_id, tenant))).fetchone()
         if row is None:
-            return problem_response(Refused(404, "Not Found", "no such charge"))
+            raise Refused(404, "Not Found", "no such charge")
         return JSONResponse(common.charge_json(*row))
 
     return app

@@ -19,17 +19,14 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from . import http
-from .client import AsyncIdempotency, Claim, Outcome
+from .client import AsyncIdempotency, Claim
+from .context import ClaimContext
 from .errors import IdempotencyError, NoLiveRecord, NotOwner
 from .fingerprint import fingerprint_body
 from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
 from .routes import RouteTable
 
 log = logging.getLogger("pg_idempotency")
-
-# What lease renewals write as the recovery point while the handler has recorded none
-# (idem_checkpoint requires one); the context reports it as None.
-LEASE_ONLY = "lease-renewed"
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -50,23 +47,15 @@ def default_tenant(request_scope: Scope) -> str:
     return str(identity) if identity else "anonymous"
 
 
-class AsyncIdempotencyContext:
+class AsyncIdempotencyContext(ClaimContext):
     """What a protected handler gets: the claim, and (same transaction) the open
-    connection, or (committed first) `step()` to run a side effect fenced and recorded."""
+    connection `conn`, or (committed first) `step()` to run a side effect fenced and recorded."""
 
     def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str,
                  claim: Claim, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
-        self.client, self.pool, self.scope, self.key = client, pool, scope, key
-        self.claim, self.policy, self.conn = claim, policy, conn
-        self.token = claim.token
-        self.point: str | None = None if claim.recovery_point == LEASE_ONLY else claim.recovery_point
-        self.data: Any = claim.recovery_data
-        self.lost = False
+        super().__init__(scope, key, claim, policy)
+        self.client, self.pool, self.conn = client, pool, conn
         self._lock = asyncio.Lock()
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.claim.outcome
 
     @asynccontextmanager
     async def step(self, recovery_point: str, recovery_data: Any = None) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -82,7 +71,7 @@ class AsyncIdempotencyContext:
     async def renew(self) -> None:
         async with self._lock, self.pool.connection() as conn:
             await self.client.checkpoint(conn, self.scope, self.key, self.token,  # type: ignore[arg-type]
-                                         self.point or LEASE_ONLY, self.data, self.policy.lease)
+                                         self.renewal_point(), self.data, self.policy.lease)
 
 
 class IdempotencyMiddleware:

@@ -28,16 +28,14 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
 from . import http
-from .client import Claim, Idempotency, Outcome
+from .client import Claim, Idempotency
+from .context import ClaimContext
 from .errors import IdempotencyError, NoLiveRecord, NotOwner
 from .fingerprint import fingerprint_body
 from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
 from .routes import RouteTable
 
 log = logging.getLogger("pg_idempotency")
-
-LEASE_ONLY = "lease-renewed"  # see asgi.LEASE_ONLY
-
 
 def default_tenant(request: HttpRequest) -> str:
     user = getattr(request, "user", None)
@@ -51,21 +49,14 @@ def raw_connection(alias: str) -> psycopg.Connection:
     return wrapper.connection
 
 
-class IdempotencyContext:
+class IdempotencyContext(ClaimContext):
     """What a protected view gets: the claim, and for committed-first routes `step()` to
     run a side effect fenced and recorded."""
 
     def __init__(self, client: Idempotency, alias: str, scope: str, key: str, claim: Claim, policy: RoutePolicy):
-        self.client, self.alias, self.scope, self.key = client, alias, scope, key
-        self.claim, self.policy, self.token = claim, policy, claim.token
-        self.point: str | None = None if claim.recovery_point == LEASE_ONLY else claim.recovery_point
-        self.data: Any = claim.recovery_data
-        self.lost = False
+        super().__init__(scope, key, claim, policy)
+        self.client, self.alias = client, alias
         self._lock = threading.Lock()
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.claim.outcome
 
     @contextmanager
     def step(self, recovery_point: str, recovery_data: Any = None) -> Iterator[None]:
@@ -81,7 +72,7 @@ class IdempotencyContext:
         """From the renewal thread, on that thread's own connection."""
         with self._lock:
             self.client.checkpoint(raw_connection(self.alias), self.scope, self.key, self.token,  # type: ignore[arg-type]
-                                   self.point or LEASE_ONLY, self.data, self.policy.lease)
+                                   self.renewal_point(), self.data, self.policy.lease)
 
 
 class LeaseKeeper(threading.Thread):

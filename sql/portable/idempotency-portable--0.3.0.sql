@@ -111,6 +111,13 @@ COMMENT ON TYPE idempotency.claim_result IS
     'What idem_claim answers: outcome is claimed, reclaimed, replay, in_progress or mismatch. '
     'locked_until (added after the contract''s columns) is the end of the owner''s lease.';
 
+-- Which release of the portable edition is installed (an install made with psql -f has no
+-- extversion): upgrade files check it before they change anything.
+CREATE FUNCTION idempotency.portable_version() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT '0.3.0' $$;
+
 -- ---------------------------------------------------------------------------------------
 -- Helpers. None raises: the idem_* functions raise their errors themselves, so that an
 -- error carries no extra CONTEXT line (psql prints PL/pgSQL's context only for callers).

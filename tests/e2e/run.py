@@ -110,7 +110,19 @@ class Harness:
             conn.execute("CREATE EXTENSION idempotency")
         self.db = psycopg.connect(self.dsn, autocommit=True)
 
-    def spawn(self, name, argv, ready_port):
+    def spawn(self, name, argv, ready_port, tries=3):
+        # Our ports lie in Linux's ephemeral range: another program's client socket can hold one
+        # for a moment ("Address already in use"), so a few tries.
+        for left in range(tries - 1, -1, -1):
+            try:
+                return self._spawn_once(name, argv, ready_port)
+            except RuntimeError as e:
+                if left == 0 or "in use" not in str(e).lower():
+                    raise
+                print(f"     ({name}: port {ready_port} busy, trying again)", flush=True)
+                time.sleep(1)
+
+    def _spawn_once(self, name, argv, ready_port):
         log = open(self.log_path(name), "ab")
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -65,6 +65,14 @@ UPDATE keys SET created_at = now() - interval '1 hour' WHERE key = 'busy-1';
 SELECT idem_seen('mon', 'msg-' || i) FROM generate_series(1, 7) AS i;
 UPDATE messages SET expires_at = now() - interval '1 minute' WHERE message_id IN ('msg-6', 'msg-7');
 SQL
+# The exporter connects as an unprivileged role with the grants docs/monitoring.md lists.
+# BYPASSRLS (and USAGE on schema cron, below): pg_cron shows a role only the jobs it
+# scheduled (row-level security).
+q >/dev/null <<'SQL' || fail "create the monitoring role"
+CREATE ROLE monitoring LOGIN BYPASSRLS IN ROLE pg_monitor;
+GRANT USAGE ON SCHEMA idempotency TO monitoring;
+GRANT SELECT ON idempotency.stats TO monitoring;
+SQL
 sizes=$(q -c "SELECT string_agg(pg_total_relation_size(c)::text, ' ' ORDER BY c::text)
               FROM unnest(ARRAY['idempotency.keys'::regclass, 'idempotency.messages'::regclass]) AS c")
 keys_size=${sizes% *}
@@ -75,6 +83,7 @@ messages_size=${sizes#* }
 if $with_cron; then
     q >/dev/null <<'SQL' || fail "schedule the jobs and write their runs"
 CREATE EXTENSION pg_cron;
+GRANT USAGE ON SCHEMA cron TO monitoring;
 SELECT * FROM idempotency.schedule_maintenance('0 0 1 1 *', '0 0 1 1 *');
 INSERT INTO cron.job_run_details (jobid, runid, database, username, command, status, start_time, end_time)
 SELECT j.jobid, nextval('cron.runid_seq'), 'monitor', 'postgres', j.command, r.status,
@@ -90,7 +99,7 @@ SQL
 fi
 
 # --- the exporter, scraped over HTTP ---------------------------------------------------------
-DATA_SOURCE_NAME="postgresql://postgres@127.0.0.1:$PORT/$DB?sslmode=disable" \
+DATA_SOURCE_NAME="postgresql://monitoring@127.0.0.1:$PORT/$DB?sslmode=disable" \
     prometheus-postgres-exporter --web.listen-address="127.0.0.1:$EXPORTER_PORT" \
     --extend.query-path=monitoring/queries.yaml --log.level=warn >"$DIR/exporter.log" 2>&1 &
 exporter_pid=$!

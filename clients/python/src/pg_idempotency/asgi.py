@@ -108,12 +108,27 @@ class IdempotencyMiddleware:
         await write(send, answer)
 
     async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
-                    policy: RoutePolicy) -> Claim:
+                    policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
         features = await self.client.features(conn)
         return await self.client.claim(
             conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
             wait=policy.wait if features.claim_wait else None,
-            token=uuid.uuid4() if features.claim_token else None)
+            token=(token or uuid.uuid4()) if features.claim_token else None)
+
+    async def claim_committed(self, idem_scope: str, key: str, fingerprint: str, policy: RoutePolicy) -> Claim:
+        """A committed claim. With an extension that takes the caller's token, a claim whose
+        connection broke (maybe during its commit) is repeated once with the same token: it
+        answers `claimed` again if the first one did commit."""
+        token = uuid.uuid4()
+        try:
+            async with self.pool.connection() as conn:
+                return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
+        except psycopg.OperationalError as e:
+            if not (self.client.known_features and self.client.known_features.claim_token):
+                raise
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token", idem_scope, key, e)
+        async with self.pool.connection() as conn:
+            return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
 
     async def same_transaction(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
                                policy: RoutePolicy) -> Answer:
@@ -149,8 +164,12 @@ class IdempotencyMiddleware:
 
     async def committed_first(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
                               policy: RoutePolicy) -> Answer:
-        async with self.pool.connection() as conn:
-            claim = await self.claim(conn, idem_scope, key, fingerprint, policy)
+        try:
+            claim = await self.claim_committed(idem_scope, key, fingerprint, policy)
+        except (IdempotencyError, psycopg.Error) as e:
+            log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
+                                [("Retry-After", "1")])
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, None)

@@ -177,6 +177,11 @@ class Idempotency:
     def __init__(self) -> None:
         self._features: Features | None = None
 
+    @property
+    def known_features(self) -> Features | None:
+        """The features once detected (by the first call), else None."""
+        return self._features
+
     def _run(self, conn: psycopg.Connection, sql: str, params: Any) -> tuple[Any, ...] | None:
         try:
             return conn.execute(sql, params).fetchone()
@@ -234,6 +239,11 @@ class AsyncIdempotency:
 
     def __init__(self) -> None:
         self._features: Features | None = None
+
+    @property
+    def known_features(self) -> Features | None:
+        """The features once detected (by the first call), else None."""
+        return self._features
 
     async def _run(self, conn: psycopg.AsyncConnection, sql: str, params: Any) -> tuple[Any, ...] | None:
         try:

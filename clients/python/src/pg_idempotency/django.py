@@ -158,11 +158,23 @@ class IdempotencyMiddleware:
         return to_response(http.problem(500, "Internal Server Error", "the request failed"))
 
     def claim(self, conn: psycopg.Connection, idem_scope: str, key: str, fingerprint: str,
-              policy: RoutePolicy) -> Claim:
+              policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
         features = self.client.features(conn)
         return self.client.claim(conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
                                  wait=policy.wait if features.claim_wait else None,
-                                 token=uuid.uuid4() if features.claim_token else None)
+                                 token=(token or uuid.uuid4()) if features.claim_token else None)
+
+    def claim_committed(self, idem_scope: str, key: str, fingerprint: str, policy: RoutePolicy) -> Claim:
+        """As asgi's: repeated once, with the same token, on a broken connection."""
+        token = uuid.uuid4()
+        try:
+            return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
+        except psycopg.OperationalError as e:
+            if not (self.client.known_features and self.client.known_features.claim_token):
+                raise
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token", idem_scope, key, e)
+            connections[self.alias].close()
+        return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
 
     def same_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                          policy: RoutePolicy) -> HttpResponse:
@@ -196,10 +208,15 @@ class IdempotencyMiddleware:
 
     def committed_first(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                         policy: RoutePolicy) -> HttpResponse:
-        conn = raw_connection(self.alias)
         if not connections[self.alias].get_autocommit():
             raise RuntimeError("committed-first routes need autocommit (no ATOMIC_REQUESTS)")
-        claim = self.claim(conn, idem_scope, key, fingerprint, policy)
+        try:
+            claim = self.claim_committed(idem_scope, key, fingerprint, policy)
+        except (IdempotencyError, psycopg.Error) as e:
+            log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return to_response(http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
+                                            [("Retry-After", "1")]))
+        conn = raw_connection(self.alias)
         if not claim.owned:
             return to_response(http.answer_without_work(claim))
         ctx = IdempotencyContext(self.client, self.alias, idem_scope, key, claim, policy)

@@ -101,7 +101,9 @@ impl Idem {
     /// Records progress (`idem_checkpoint`, which also renews the lease); later renewals keep it.
     pub async fn checkpoint(&self, point: &str, data: Option<Value>) -> Result<(), Error> {
         let s = &self.0;
-        if s.committed_first {
+        // Once the handler's final transaction has begun it holds the record's row lock: the
+        // checkpoint goes into that transaction (from another connection it would wait on it).
+        if s.committed_first && !s.tx_begun.load(Ordering::SeqCst) {
             let conn = s.pool.get().await?;
             client::checkpoint(
                 &**conn,

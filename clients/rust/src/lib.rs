@@ -16,6 +16,7 @@ mod handle;
 pub mod key;
 mod layer;
 pub mod response;
+mod run;
 
 pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};
 pub use error::Error;

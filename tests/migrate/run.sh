@@ -10,7 +10,7 @@
 #   3. pg_upgrade 15 -> 18 of the same cluster: the same checks if it works. If it fails
 #      because 18 rejects the pg_attver column option 15 writes (the failure reported in
 #      issue 14), a skip line says so (not counted as passed); any other failure is a FAIL.
-# Needs the extension installed into 15 (cargo pgrx install); installs it into 18 if missing.
+# Installs the extension (cargo pgrx install --release) into a major that lacks it.
 #   tests/migrate/run.sh [DIR] [PORT15] [PORT18]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
@@ -22,14 +22,13 @@ BIN15=$(pg_bindir 15)
 BIN18=$(pg_bindir 18)
 export PATH="$HOME/.cargo/bin:$PATH"
 
-use_major 15
-extension_installed || { fail "the extension is not installed into PostgreSQL 15 (cargo pgrx install)"; finish migrate; exit; }
-use_major 18 || { fail "PostgreSQL 18 is not installed (scripts/install-deps.sh)"; finish migrate; exit; }
-if ! extension_installed; then
-    echo "installing the extension into PostgreSQL 18 (cargo pgrx install --release --features pg18)"
-    cargo pgrx install --release --no-default-features --features pg18 --pg-config "$(pg_config_for 18)" >/dev/null 2>&1 ||
-        { fail "cargo pgrx install into PostgreSQL 18"; finish migrate; exit; }
-fi
+for major in 15 18; do
+    use_major "$major" || { fail "PostgreSQL $major is not installed (scripts/install-deps.sh)"; finish migrate; exit; }
+    extension_installed && continue
+    echo "installing the extension into PostgreSQL $major (cargo pgrx install --release --features pg$major)"
+    cargo pgrx install --release --no-default-features --features "pg$major" --pg-config "$(pg_config_for "$major")" \
+        >"$DIR.install$major.log" 2>&1 || { tail -20 "$DIR.install$major.log"; fail "cargo pgrx install into PostgreSQL $major"; finish migrate; exit; }
+done
 
 rm -rf "$DIR"
 mkdir -p "$DIR"

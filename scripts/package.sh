@@ -73,9 +73,8 @@ build_tree() {
     pg_config=$(pg_config_of "$major")
     tree=$staging/$major/tree
     echo "package.sh: building for PostgreSQL $major with cargo pgrx package"
-    local features=()
-    [ "$major" = 15 ] || features=(--no-default-features --features "pg$major")
-    cargo pgrx package --pg-config "$pg_config" --out-dir "$tree" "${features[@]}" \
+    # The same features as scripts/test.sh's `cargo pgrx install`, so each reuses the other's build.
+    cargo pgrx package --pg-config "$pg_config" --out-dir "$tree" --no-default-features --features "pg$major" \
         >"$staging/$major.build.log" 2>&1 || { tail -40 "$staging/$major.build.log" >&2; die "cargo pgrx package failed for $major"; }
     extdir=$tree$("$pg_config" --sharedir)/extension
     libdir=$tree$("$pg_config" --pkglibdir)

@@ -447,3 +447,61 @@ async fn renew(shared: &Shared) -> Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::answer_without_work;
+    use crate::client::{Claim, Outcome};
+
+    fn claim(outcome: Outcome) -> Claim {
+        Claim {
+            outcome,
+            token: None,
+            http_status: None,
+            response_status: None,
+            response_headers: None,
+            response_body: None,
+            response_body_text: None,
+            recovery_point: None,
+            recovery_data: None,
+            attempts: None,
+            expires_at: None,
+            lease_left: None,
+        }
+    }
+
+    #[test]
+    fn outcomes_without_work_map_to_their_answers() {
+        let busy = Claim {
+            lease_left: Some(Duration::from_millis(1200)),
+            ..claim(Outcome::InProgress)
+        };
+        let r = answer_without_work(&busy);
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["retry-after"], "2", "rounded up");
+        let r = answer_without_work(&Claim {
+            lease_left: Some(Duration::ZERO),
+            ..claim(Outcome::InProgress)
+        });
+        assert_eq!(r.headers()["retry-after"], "1", "at least 1");
+        assert_eq!(answer_without_work(&claim(Outcome::Mismatch)).status(), 422);
+        let gone = answer_without_work(&claim(Outcome::Expired));
+        assert_eq!(gone.status(), 410);
+        assert_eq!(gone.headers()["content-type"], "application/problem+json");
+        let replay = Claim {
+            response_status: Some(201),
+            response_headers: Some(json!({"Location": "/a", "Content-Type": "application/json"})),
+            response_body: Some(json!({"id": 1})),
+            response_body_text: Some("{\"id\": 1}".into()),
+            ..claim(Outcome::Replay)
+        };
+        let r = answer_without_work(&replay);
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["location"], "/a");
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+    }
+}

@@ -154,3 +154,48 @@ async fn the_extractor_without_the_layer_is_a_500() {
     let r = post(port, "/bare", "t", Some("k"), "{}", &[]).await;
     assert!(r.is_problem(500), "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_completion_after_a_takeover_is_fenced_and_not_a_success() {
+    // A handler that stops renewing and stalls past its lease when asked to.
+    async fn handler(idem: Idem, headers: axum::http::HeaderMap) -> Response {
+        if headers.contains_key("x-stall") {
+            idem.stop_renewal();
+            tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+        }
+        let who = if headers.contains_key("x-stall") {
+            "stalled"
+        } else {
+            "takeover"
+        };
+        (
+            StatusCode::CREATED,
+            [("content-type", "application/json")],
+            format!("{{\"by\": \"{who}\"}}"),
+        )
+            .into_response()
+    }
+    let layer =
+        IdempotencyLayer::new(pool()).committed_first(std::time::Duration::from_millis(300));
+    let port = serve(Router::new().route("/fenced", routing::post(handler).layer(layer))).await;
+    let tenant = unique("acct_fence");
+    let key = unique("k");
+    let (t, k) = (tenant.clone(), key.clone());
+    let stalled = tokio::spawn(async move {
+        post(port, "/fenced", &t, Some(&k), "{}", &[("x-stall", "1")]).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await; // its lease of 300 ms ended
+    let takeover = post(port, "/fenced", &tenant, Some(&key), "{}", &[]).await;
+    assert_eq!(
+        (takeover.status, takeover.json()["by"].as_str()),
+        (201, Some("takeover")),
+        "{takeover:?}"
+    );
+    let late = stalled.await.unwrap();
+    assert!(
+        late.is_problem(409),
+        "the late completion is not reported as success: {late:?}"
+    );
+    let again = post(port, "/fenced", &tenant, Some(&key), "{}", &[]).await;
+    assert!(again.replayed() && again.body == takeover.body, "{again:?}");
+}

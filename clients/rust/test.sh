@@ -7,7 +7,7 @@
 #   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode.
 # Tests that need what the installed extension lacks say so (SKIP) and are not counted as passed.
 # Environment: RUST_SUITE_PORT (PostgreSQL; pgbouncer on +1), RUST_SUITE_DIR, TEST_PORT_BASE
-# (the demo apps' ports, about 20 from there), CARGO_TARGET_DIR (default target/clients, shared
+# (the demo apps' ports: 8 from there, default 55480), CARGO_TARGET_DIR (default target/clients, shared
 # with examples/charges-api). Last line: "rust: N passed, M failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +25,9 @@ failures=0
 note_failure() { failures=$((failures + 1)); echo "FAIL $1"; }
 
 if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-    apt-get install -y -q pgbouncer >/dev/null || echo "could not install pgbouncer"
+    apt-get install -y -q pgbouncer >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; } ||
+        echo "could not install pgbouncer"
 fi
 PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
 

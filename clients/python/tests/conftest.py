@@ -120,6 +120,10 @@ def request(port: int, method: str, path: str, body: bytes | dict | None = None,
         c.close()
 
 
+class ServerExited(RuntimeError):
+    pass
+
+
 class Server:
     """A demo app started with its documented command, over real HTTP."""
 
@@ -129,6 +133,18 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Server":
+        """Starts the app; when it exits at once (its port was taken meanwhile, e.g. as
+        another process's ephemeral client port), tries again on another port."""
+        for attempt in range(3):
+            try:
+                return self._start()
+            except ServerExited:
+                if attempt == 2:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> "Server":
         log = open(self.log_dir / f"{self.kind}-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [str(APPS[self.kind]), "--database-url", self.database_url, "--listen", f"127.0.0.1:{self.port}",
@@ -138,7 +154,9 @@ class Server:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} demo exited with {self.proc.returncode}; see {log.name}")
+                log.close()
+                tail = Path(log.name).read_text(errors="replace").splitlines()[-5:]
+                raise ServerExited(f"{self.kind} demo exited with {self.proc.returncode}; {log.name} ends: {tail}")
             try:
                 if request(self.port, "GET", "/healthz", timeout=2).body == b"ok\n":
                     return self

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from pg_idempotency import Refused, RoutePolicy, parse_key
-from pg_idempotency.http import ENCODING_MARK, body_to_send, body_to_store, storable, stored_answer
+from pg_idempotency import Claim, Outcome, Refused, RoutePolicy, parse_key
+from pg_idempotency.http import (ENCODING_MARK, answer_without_work, body_to_send, body_to_store, storable,
+                                 stored_answer)
 from pg_idempotency.routes import RouteTable
 
 
@@ -72,3 +73,24 @@ def test_route_templates():
     assert table.match("GET", "/charges") is None and table.match("POST", "/charges/x") is None
     with pytest.raises(ValueError):
         RouteTable({"POST charges": RoutePolicy()})
+
+
+def claim_of(outcome, **kw):
+    fields = dict(token=None, http_status=None, response_status=None, response_headers=None,
+                  response_body_text=None, recovery_point=None, recovery_data=None, attempts=1,
+                  expires_at=None, locked_until=None, retry_after=None)
+    return Claim(outcome, **{**fields, **kw})
+
+
+def test_answers_without_work():
+    replay = answer_without_work(claim_of(Outcome.REPLAY, response_status=201, response_body_text='{"a": 1}',
+                                          response_headers={"Location": "/x", "Content-Type": "application/json"}))
+    assert (replay.status, replay.body) == (201, b'{"a": 1}')
+    assert ("Idempotent-Replayed", "true") in replay.headers and ("Location", "/x") in replay.headers
+    busy = answer_without_work(claim_of(Outcome.IN_PROGRESS, retry_after=7))
+    assert busy.status == 409 and ("Retry-After", "7") in busy.headers
+    assert answer_without_work(claim_of(Outcome.MISMATCH)).status == 422
+    gone = answer_without_work(claim_of(Outcome.EXPIRED, response_status=201))
+    assert gone.status == 410 and ("Content-Type", "application/problem+json") in gone.headers
+    with pytest.raises(ValueError):
+        answer_without_work(claim_of(Outcome.CLAIMED))

@@ -23,14 +23,14 @@ HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "demo"
 APPS = {"asgi": DEMO / "run-asgi", "django": DEMO / "run-django"}
 TEST_LEASE_MS = 3000
-_next_port = itertools.count(int(os.environ.get("IDEM_PY_HTTP_PORT", "0")) or 0)
+_FIRST_PORT = int(os.environ.get("IDEM_PY_HTTP_PORT") or 0)
+_next_port = itertools.count(_FIRST_PORT)
 
 
 def free_port() -> int:
     """IDEM_PY_HTTP_PORT, +1, +2 ... when set; else a port the kernel hands out."""
-    port = next(_next_port)
-    if port:
-        return port
+    if _FIRST_PORT:
+        return next(_next_port)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

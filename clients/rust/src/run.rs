@@ -142,6 +142,9 @@ where
 {
     let mut req = Request::from_parts(parts, Body::from(body));
     req.extensions_mut().insert(idem);
+    if let Err(never) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        match never {}
+    }
     let fut = inner.call(req);
     match tokio::spawn(fut).await {
         Ok(Ok(r)) => r,

@@ -45,14 +45,12 @@ def test_demo_through_pgbouncer(bounced_app, route, db_url):
     """Many requests per pooled connection (past psycopg's prepare threshold), replays and
     a concurrent burst, all through PgBouncer."""
     tenant = "acct_bouncer_" + uuid.uuid4().hex[:8]
-    firsts = {}
-    for i in range(15):
+    for _ in range(15):
         key = f'"b-{uuid.uuid4()}"'
         first = bounced_app.post(route, AMOUNT, key, tenant)
         again = bounced_app.post(route, AMOUNT, key, tenant)
         assert first.status == 201 and not first.replayed, first
         assert again.status == 201 and again.replayed and again.body == first.body
-        firsts[key] = first
     assert bounced_app.post(route, {"amount": 1, "currency": "usd"}, key, tenant).is_problem(422)
     key = f'"b-{uuid.uuid4()}"'
     with ThreadPoolExecutor(12) as pool:

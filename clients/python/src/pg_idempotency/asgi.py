@@ -126,7 +126,8 @@ class IdempotencyMiddleware:
         except psycopg.OperationalError as e:
             if not (self.client.known_features and self.client.known_features.claim_token):
                 raise
-            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token", idem_scope, key, e)
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token",
+                        idem_scope, key, e)
         async with self.pool.connection() as conn:
             return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
 
@@ -154,7 +155,8 @@ class IdempotencyMiddleware:
             status, headers, out = await run_app(self.app, scope, body, ctx)
         except Exception:
             log.exception("handler failed; the claim and its writes are rolled back")
-            raise _RolledBack(http.problem(500, "Internal Server Error", "the request failed; nothing was recorded"))
+            failed = http.problem(500, "Internal Server Error", "the request failed; nothing was recorded")
+            raise _RolledBack(failed) from None
         if not policy.stores(status):
             raise _RolledBack(Answer(status, headers, out))
         text, stored = http.storable(policy, headers, out)

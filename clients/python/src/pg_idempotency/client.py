@@ -200,7 +200,8 @@ class Idempotency:
         return claim_from_row(self._run(conn, sql, params))  # type: ignore[arg-type]
 
     def complete(self, conn: psycopg.Connection, scope: str, key: str, token: UUID, status: int,
-                 body: Any = None, headers: dict[str, Any] | None = None, *, body_json: str | None = None) -> str | None:
+                 body: Any = None, headers: dict[str, Any] | None = None, *,
+                 body_json: str | None = None) -> str | None:
         """Stores the response. Give the body as a value (`body`) or as JSON text
         (`body_json`). Returns the stored body in jsonb's text form."""
         text = body_json if body_json is not None else (None if body is None else json.dumps(body))

@@ -172,7 +172,8 @@ class IdempotencyMiddleware:
         except psycopg.OperationalError as e:
             if not (self.client.known_features and self.client.known_features.claim_token):
                 raise
-            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token", idem_scope, key, e)
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token",
+                        idem_scope, key, e)
             connections[self.alias].close()
         return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
 

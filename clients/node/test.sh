@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The Node package's suite: installs what it needs (pgbouncer from apt when missing, npm ci from
 # package-lock.json), packs the package (npm pack), starts a throwaway PostgreSQL 15 cluster with the
-# extension and Debian's pgbouncer in transaction-pooling mode in front of it, and runs `node --test`
-# (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
-# Ports 56410 (PostgreSQL), 56411 (pgbouncer), 56420+ (demo servers); folder /tmp/idem-node-test.
+# extension (tests/lib.sh) and Debian's pgbouncer in transaction-pooling mode in front of it, and
+# runs `node --test` (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
+#
+# Ports and folder: tests/lib.sh's "node" row (PostgreSQL, pgbouncer = +1) and its folder; the demo
+# servers listen from DEMO_PORT_BASE (default 56420). NODE_SUITE_PORT / NODE_SUITE_DIR override.
 # Last line: "clients-node: N passed, M failed".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-dir=/tmp/idem-node-test
-pg_port=56410
-bouncer_port=56411
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+. "$here/../../tests/lib.sh"
+pg_port=${NODE_SUITE_PORT:-$(port_of node)}
+bouncer_port=$((pg_port + 1))
+dir=${NODE_SUITE_DIR:-$(dir_of node)}
+export DEMO_PORT_BASE=${DEMO_PORT_BASE:-56420}
 
 if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
     echo "== installing pgbouncer (apt)"
@@ -19,14 +21,15 @@ if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
 fi
 PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
 
-if [ ! -f "$("$PG_CONFIG" --sharedir)/extension/idempotency.control" ]; then
-    echo "== the extension is not installed in PostgreSQL 15: building and installing it (cargo pgrx install)"
-    (cd "$root" && PATH="$HOME/.cargo/bin:$PATH" cargo pgrx install --release --pg-config "$PG_CONFIG")
+if [ "$IDEM_EDITION" = native ] && ! extension_installed; then
+    echo "== the extension is not installed in PostgreSQL $PG_MAJOR: building and installing it (cargo pgrx install)"
+    (cd "$ROOT" && PATH="$HOME/.cargo/bin:$PATH" cargo pgrx install --release --pg-config "$PGBIN/pg_config")
 fi
 
 cd "$here"
 echo "== npm ci"
 npm ci --no-audit --no-fund --loglevel=error
+cluster_stop "$dir/pg"
 rm -rf "$dir"
 mkdir -p "$dir"
 echo "== npm pack"
@@ -34,13 +37,13 @@ pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
 
 cleanup() {
     if [ -f "$dir/pgbouncer.pid" ]; then kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true; fi
-    "$root/scripts/cluster.sh" stop "$dir/pg"
+    cluster_stop "$dir/pg"
 }
 trap cleanup EXIT
 
-echo "== PostgreSQL 15 on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
-"$root/scripts/cluster.sh" start "$dir/pg" "$pg_port"
-psql -X -q -v ON_ERROR_STOP=1 -h "$dir/pg/socket" -p "$pg_port" -U postgres -c 'CREATE EXTENSION idempotency'
+echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
+cluster_start "$dir/pg" "$pg_port"
+install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
 cat >"$dir/pgbouncer.ini" <<INI
 [databases]
 postgres = host=127.0.0.1 port=$pg_port dbname=postgres
@@ -50,6 +53,7 @@ listen_port = $bouncer_port
 unix_socket_dir =
 auth_type = trust
 auth_file = $dir/userlist.txt
+admin_users = postgres
 pool_mode = transaction
 default_pool_size = 30
 max_client_conn = 300
@@ -57,9 +61,8 @@ logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 INI
 echo '"postgres" ""' >"$dir/userlist.txt"
-chown -R postgres: "$dir/pgbouncer.ini" "$dir/userlist.txt"
-chmod 777 "$dir"
-(cd / && runuser -u postgres -- "$PGBOUNCER" -d "$dir/pgbouncer.ini")
+chown postgres: "$dir" "$dir/pgbouncer.ini" "$dir/userlist.txt"
+as_postgres "$PGBOUNCER" -d "$dir/pgbouncer.ini"
 for _ in $(seq 50); do
     psql -X -q -h 127.0.0.1 -p "$bouncer_port" -U postgres -c 'SELECT 1' postgres >/dev/null 2>&1 && break
     sleep 0.1
@@ -75,8 +78,8 @@ PACK_FILE="$pack_file" \
         --test-reporter=tap --test-reporter-destination="$dir/results.tap" \
         test/*.test.js || status=$?
 
-tap_count() { sed -n "s/^# $1 \([0-9]*\)$/\1/p" "$dir/results.tap" | tail -1; }
 touch "$dir/results.tap"
+tap_count() { sed -n "s/^# $1 \([0-9]*\)$/\1/p" "$dir/results.tap" | tail -1; }
 passed=$(tap_count pass)
 fails=$(tap_count fail)
 cancelled=$(tap_count cancelled)

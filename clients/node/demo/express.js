@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The demo charges service on Express:
 //   node demo/express.js --database-url postgresql://... --listen 127.0.0.1:8080
+import http from 'node:http';
 import express from 'express';
 import { createIdempotency } from '../src/index.js';
 import { openPool, options, problemResponse, routes } from './charges.js';
@@ -29,10 +30,11 @@ function reply(res, { status, headers, body }) {
   res.status(status).set(headers).end(body);
 }
 
-const server = app.listen(opts.port, opts.host, () => {
-  console.error(`demo (express): listening on http://${opts.host}:${server.address().port}`);
-});
+const server = http.createServer(app);
 server.on('error', (e) => {
   console.error(`demo (express): cannot listen on ${opts.host}:${opts.port}: ${e.message}`);
   process.exit(1);
+});
+server.listen(opts.port, opts.host, () => {
+  console.error(`demo (express): listening on http://${opts.host}:${server.address().port}`);
 });

@@ -33,10 +33,7 @@ function jsonText(v) {
   return v === undefined || v === null ? null : JSON.stringify(v);
 }
 
-function claimSql(features) {
-  const extra = [];
-  if (features.wait) extra.push('wait => $6::interval');
-  if (features.token) extra.push('token => $7::uuid');
+function claimSql(extraArgs) {
   return `
 SELECT c.outcome, c.token::text AS token, c.http_status, c.response_status, c.response_headers,
        c.response_body::text AS response_body_text, c.recovery_point, c.recovery_data, c.attempts,
@@ -44,8 +41,7 @@ SELECT c.outcome, c.token::text AS token, c.http_status, c.response_status, c.re
        CASE WHEN c.outcome = 'in_progress' AND c.locked_until IS NOT NULL
             THEN greatest(1, ceil(extract(epoch FROM c.locked_until - clock_timestamp())))::int END
          AS retry_after
-FROM idempotency.idem_claim($1, $2, $3, ttl => $4::interval, lease => $5::interval
-                            ${extra.map((a) => ', ' + a).join('')}) AS c`;
+FROM idempotency.idem_claim($1, $2, $3, ttl => $4::interval, lease => $5::interval${extraArgs}) AS c`;
 }
 
 function claimResult(row) {
@@ -110,9 +106,16 @@ export class IdempotencyClient {
   async claim(scope, key, { fingerprint = null, ttl, lease, wait, token } = {}) {
     const features = await this.features();
     const params = [scope, key, fingerprint, intervalText(ttl), intervalText(lease)];
-    if (features.wait || features.token) params.push(features.wait ? intervalText(wait) : null);
-    if (features.token) params.push(token ?? null);
-    const r = await this.query(claimSql(features), params);
+    let extra = '';
+    if (features.wait && wait !== undefined && wait !== null) {
+      params.push(intervalText(wait));
+      extra += `, wait => $${params.length}::interval`;
+    }
+    if (features.token && token !== undefined && token !== null) {
+      params.push(token);
+      extra += `, token => $${params.length}::uuid`;
+    }
+    const r = await this.query(claimSql(extra), params);
     return claimResult(r.rows[0]);
   }
 

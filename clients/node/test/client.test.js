@@ -148,16 +148,23 @@ test('error classes: 25006 read-only, 55P03 lock_timeout, 40001 serialization, 4
   });
 });
 
-test('seen, and seenMany where the extension has it', async (t) => {
+test('seen: true the first time, false for a redelivery', async () => {
   const s = scope();
   assert.equal(await idem.seen(s, 'm-1'), true);
   assert.equal(await idem.seen(s, 'm-1'), false);
+  assert.equal(await idem.seen(s, 'm-2', { ttl: '1 hour' }), true);
   await assert.rejects(idem.seen(s, null), NullArgumentError);
+});
+
+test('seenMany where the extension has it (release 0.4.0), UnsupportedFeatureError otherwise', async (t) => {
+  const s = scope();
   if (!(await idem.features()).seenMany) {
     await assert.rejects(idem.seenMany(s, ['m-1']), UnsupportedFeatureError);
     return t.skip('the installed extension has no idem_seen_many (release 0.4.0)');
   }
+  assert.equal(await idem.seen(s, 'm-1'), true);
   assert.deepEqual(await idem.seenMany(s, ['m-1', 'm-2', 'm-2']), [false, true, false]);
+  assert.deepEqual(await idem.seenMany(s, []), []);
 });
 
 test('fingerprint(): RFC 8785 in JavaScript equals idem_fingerprint in the database', async () => {

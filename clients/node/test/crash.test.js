@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import {
-  LEASE_MS, chargeCount, isProblem, newKey, newPool, newTenant, postCharge, quoted, sleep, startDemo,
+  LEASE_MS, chargeCount, isProblem, newKey, newPool, newTenant, postCharge, quoted, sleep, startDemo, waitInProgress,
 } from './harness.js';
 
 const pool = newPool();
@@ -22,27 +22,22 @@ async function retryUntilDone(port, tenant, key, tries = 10) {
   throw new Error('still 409');
 }
 
-async function waitInProgress(scope, key) {
-  for (let i = 0; i < 100; i++) {
-    if ((await lookup(scope, key))?.status === 'in_progress') return;
-    await sleep(20);
-  }
-  throw new Error('the claim never showed up');
-}
 
 for (const framework of ['express', 'fastify']) {
   test(`${framework}: a server killed mid-handler; the retry on a restarted server completes once`, async () => {
     const tenant = newTenant();
     const key = newKey();
     const scope = `${tenant}:POST ${route}`;
-    let app = await startDemo(framework);
-    const port = app.port;
-    const lost = postCharge(port, route, { tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': '60000' } })
+    // A lease long enough that the restarted server is up before it ends.
+    const leaseMs = 4000;
+    let app = await startDemo(framework, { leaseMs });
+    const lost = postCharge(app.port, route, { tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': '60000' } })
       .then((r) => r, (e) => e);
-    await waitInProgress(scope, key);
+    await waitInProgress(pool, scope, key);
     await app.stop('SIGKILL');
     assert.ok((await lost) instanceof Error, 'the killed server sent no answer');
-    app = await startDemo(framework, { port });
+    app = await startDemo(framework, { port: app.port, leaseMs });
+    const port = app.port;
     try {
       const early = await postCharge(port, route, { tenant, key: quoted(key) });
       assert.ok(isProblem(early, 409), `the dead owner's lease still runs: ${early.status} ${early.body}`);
@@ -68,7 +63,7 @@ for (const framework of ['express', 'fastify']) {
       const late = postCharge(frozen.port, route, {
         tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': String(LEASE_MS) },
       });
-      await waitInProgress(scope, key);
+      await waitInProgress(pool, scope, key);
       frozen.proc.kill('SIGSTOP');
       const done = await retryUntilDone(other.port, tenant, key);
       assert.equal(done.status, 201, done.body);

@@ -7,6 +7,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
+import { after } from 'node:test';
 import pg from 'pg';
 
 export const DATABASE_URL = process.env.DATABASE_URL;
@@ -15,9 +16,13 @@ export const PGBOUNCER_URL = process.env.PGBOUNCER_URL;
 const DEMO_DIR = fileURLToPath(new URL('../demo/', import.meta.url));
 export const LEASE_MS = 1500;
 
-// Ports of this suite: 56400-56499 (test.sh: 56410 PostgreSQL, 56411 pgbouncer); demo servers from 56420.
-let nextPort = Number(process.env.DEMO_PORT_BASE ?? 56420);
-export const takePort = () => nextPort++;
+// Demo servers listen on DEMO_PORT_BASE (test.sh: 56420) + 5 ports per test file, taken in turn
+// (at most two servers of a file run at once): 56420-56444.
+const FILES = ['client', 'crash', 'http', 'package', 'pgbouncer', 'unit'];
+const fileIndex = Math.max(0, FILES.indexOf(process.argv[1]?.match(/(\w+)\.test\.js$/)?.[1]));
+const firstPort = Number(process.env.DEMO_PORT_BASE ?? 56420) + 5 * fileIndex;
+let taken = 0;
+export const takePort = () => firstPort + (taken++ % 5);
 
 export const newTenant = () => 't_' + randomUUID().slice(0, 8);
 export const newKey = () => 'k-' + randomUUID();
@@ -27,10 +32,28 @@ export function newPool(url = DATABASE_URL) {
   return new pg.Pool({ connectionString: url, max: 4 });
 }
 
-/** A demo server (`express` or `fastify`) as a child process, up once /healthz answers. */
-export async function startDemo(framework, { port = takePort(), databaseUrl = DATABASE_URL, args = [] } = {}) {
+const running = new Set();
+// Whatever a failed test left running is stopped when the file's tests end.
+after(() => Promise.all([...running].map((s) => s.stop('SIGKILL'))));
+
+/**
+ * A demo server (`express` or `fastify`) as a child process, up once /healthz answers. A port
+ * that is taken (the ephemeral range covers ours: a client socket may hold it) moves on to the next.
+ */
+export async function startDemo(framework, { port, databaseUrl = DATABASE_URL, leaseMs = LEASE_MS } = {}) {
+  for (let attempt = 0; ; attempt++) {
+    const p = attempt === 0 && port !== undefined ? port : takePort();
+    try {
+      return await startDemoOn(framework, p, databaseUrl, leaseMs);
+    } catch (e) {
+      if (!/EADDRINUSE/.test(e.message) || attempt >= 5) throw e;
+    }
+  }
+}
+
+async function startDemoOn(framework, port, databaseUrl, leaseMs) {
   const proc = spawn(process.execPath, [DEMO_DIR + framework + '.js', '--database-url', databaseUrl,
-    '--listen', `127.0.0.1:${port}`, '--lease-ms', String(LEASE_MS), '--allow-fault-injection', ...args],
+    '--listen', `127.0.0.1:${port}`, '--lease-ms', String(leaseMs), '--allow-fault-injection'],
   { stdio: ['ignore', 'inherit', 'pipe'] });
   let log = '';
   proc.stderr.on('data', (d) => (log += d));
@@ -39,15 +62,23 @@ export async function startDemo(framework, { port = takePort(), databaseUrl = DA
     proc, port, framework,
     log: () => log,
     async stop(signal = 'SIGTERM') {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+      if (proc.exitCode === null && proc.signalCode === null) {
+        proc.kill('SIGCONT');
+        proc.kill(signal);
+      }
       await exited;
+      running.delete(server);
     },
   };
-  for (let i = 0; i < 200; i++) {
-    if (proc.exitCode !== null) throw new Error(`${framework} demo exited (${proc.exitCode}):\n${log}`);
+  running.add(server);
+  for (let i = 0; i < 400; i++) {
+    if (proc.exitCode !== null) {
+      running.delete(server);
+      throw new Error(`${framework} demo exited (${proc.exitCode}):\n${log}`);
+    }
     try {
-      const r = await request(port, 'GET', '/healthz');
-      if (r.status === 200) return server;
+      const r = await request(port, 'GET', '/healthz', { timeout: 2000 });
+      if (r.status === 200 && /listening/.test(log)) return server;
     } catch {}
     await sleep(50);
   }
@@ -111,6 +142,16 @@ export function isProblem(r, status) {
   if (r.status !== status || !/^application\/problem\+json/.test(r.headers['content-type'] ?? '')) return false;
   const p = JSON.parse(r.body);
   return p.status === status && typeof p.title === 'string';
+}
+
+/** Waits until (scope, key) has an in_progress record. */
+export async function waitInProgress(pool, scope, key) {
+  for (let i = 0; i < 250; i++) {
+    const { rows } = await pool.query('SELECT status::text FROM idempotency.idem_lookup($1, $2)', [scope, key]);
+    if (rows[0]?.status === 'in_progress') return;
+    await sleep(20);
+  }
+  throw new Error(`${scope} ${key} never became in_progress`);
 }
 
 export { sleep };

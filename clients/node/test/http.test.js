@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import {
   LEASE_MS, chargeCount, isProblem, keyCount, newKey, newPool, newTenant, postCharge, quoted,
-  rawRequest, request, sleep, startDemo,
+  rawRequest, request, sleep, startDemo, waitInProgress,
 } from './harness.js';
 
 const pool = newPool();
@@ -138,9 +138,9 @@ for (const framework of ['express', 'fastify']) {
       const tenant = newTenant();
       const key = newKey();
       const slow = postCharge(app.port, '/charges/external', {
-        tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': String(LEASE_MS * 2) },
+        tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': String(LEASE_MS * 3) },
       });
-      await sleep(300);
+      await waitInProgress(pool, `${tenant}:POST /charges/external`, key);
       const busy = await postCharge(app.port, '/charges/external', { tenant, key: quoted(key) });
       const row = await lookup(`${tenant}:POST /charges/external`, key);
       assert.ok(isProblem(busy, 409), `${busy.status} ${busy.body}`);

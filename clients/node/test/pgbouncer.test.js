@@ -3,6 +3,7 @@
 // work there.
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
+import pg from 'pg';
 import { IdempotencyClient, Outcome } from '../src/index.js';
 import {
   LEASE_MS, PGBOUNCER_URL, chargeCount, isProblem, newKey, newPool, newTenant, postCharge, quoted, sleep, startDemo,
@@ -11,6 +12,17 @@ import {
 describe('through pgbouncer (pool_mode = transaction)', { skip: PGBOUNCER_URL ? false : 'PGBOUNCER_URL is not set (test.sh starts pgbouncer)' }, () => {
   const direct = newPool();
   after(() => direct.end());
+
+  test('pgbouncer runs in transaction pooling mode (its admin console)', async () => {
+    const admin = new pg.Client({ connectionString: PGBOUNCER_URL.replace(/\/[^/]*$/, '/pgbouncer') });
+    await admin.connect();
+    try {
+      const { rows } = await admin.query('SHOW CONFIG');
+      assert.equal(rows.find((r) => r.key === 'pool_mode').value, 'transaction');
+    } finally {
+      await admin.end();
+    }
+  });
 
   test('client: claim, checkpoint, complete, replay, seen over pooled connections', async () => {
     const pool = newPool(PGBOUNCER_URL);

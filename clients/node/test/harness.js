@@ -29,7 +29,9 @@ export const newKey = () => 'k-' + randomUUID();
 export const quoted = (key) => `"${key.replace(/[\\"]/g, (c) => '\\' + c)}"`;
 
 export function newPool(url = DATABASE_URL) {
-  return new pg.Pool({ connectionString: url, max: 4 });
+  const pool = new pg.Pool({ connectionString: url, max: 4 });
+  pool.on('error', (e) => console.error('test pool: an idle connection failed:', e.message));
+  return pool;
 }
 
 const running = new Set();

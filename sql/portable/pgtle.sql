@@ -377,120 +377,98 @@ BEGIN
 END
 $$;
 
--- An object key's order in RFC 8785, for keys with characters at or above U+E000: its
--- UTF-16 code units as 4 hex digits each (compared in the C collation).
-CREATE FUNCTION idempotency.portable_utf16_order(val text) RETURNS text
+-- An object key as RFC 8785 orders keys (by UTF-16 code units) when compared in the C
+-- collation (by code points). The orders differ only for characters at or above U+E000:
+-- UTF-16 puts U+10000-U+10FFFF (surrogate pairs) before U+E000-U+FFFF. So each character
+-- U+E000-U+FFFF gets U+10FFFF in front of it (after every supplementary character), and
+-- U+10FFFF itself gets U+D7FF after it (before any of those).
+CREATE FUNCTION idempotency.portable_key_order(val text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(string_agg(
-               CASE WHEN cp < 65536 THEN lpad(to_hex(cp), 4, '0')
-                    ELSE to_hex(55296 + ((cp - 65536) >> 10)) || to_hex(56320 + ((cp - 65536) & 1023)) END,
-               '' ORDER BY i), '')
-      FROM (SELECT i, ascii(substr(val, i, 1)) AS cp FROM generate_series(1, length(val)) AS i) AS chars
+    SELECT regexp_replace(regexp_replace(val, '\U0010FFFF', E'\U0010FFFF\uD7FF', 'g'),
+                          '([\uE000-\uFFFF])', E'\U0010FFFF\\1', 'g')
 $$;
 
+-- The fingerprint: 'sha256:' || hex of the payload's RFC 8785 canonical text, without the
+-- top-level keys in `ignore`. One query: every value of the document becomes a row with its
+-- path of sort keys (object keys in RFC 8785 order, array positions), written in the order
+-- of those paths; each row brings its own comma, key, opening bracket or scalar, and the
+-- closing brackets of the containers that end after it.
 CREATE FUNCTION idempotency.idem_fingerprint(payload jsonb, ignore text[] DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    parts text[] := '{}';
-    np int := 0;
-    -- The open containers, innermost last: the value, its sorted keys (objects), how many
-    -- children were written, how many it has.
-    st_val jsonb[] := '{}';
-    st_keys jsonb[] := '{}';
-    st_pos int[] := '{}';
-    st_len int[] := '{}';
-    depth int := 0;
-    val jsonb;
-    kind text;
-    keys jsonb;
-    wide boolean;
-    member text;
-    pos int;
+    root jsonb := payload;
+    canonical text;
+    problem jsonb;
     num text;
 BEGIN
     IF payload IS NULL THEN
         RETURN NULL;
     END IF;
-    val := payload;
-    IF ignore IS NOT NULL AND jsonb_typeof(val) = 'object' THEN
-        val := val - ignore;
+    IF ignore IS NOT NULL AND jsonb_typeof(root) = 'object' THEN
+        root := root - ignore;
     END IF;
-    <<walk>>
-    LOOP
-        kind := jsonb_typeof(val);
-        IF kind = 'object' OR kind = 'array' THEN
-            IF depth >= 1000 THEN
-                RAISE EXCEPTION 'invalid argument "payload": json nested deeper than 1000 levels'
-                    USING ERRCODE = '22023';
-            END IF;
-            depth := depth + 1;
-            st_val[depth] := val;
-            st_pos[depth] := 0;
-            np := np + 1;
-            IF kind = 'object' THEN
-                SELECT jsonb_agg(k ORDER BY k COLLATE "C"), bool_or(k ~ '[\uE000-\U0010FFFF]')
-                  INTO keys, wide FROM jsonb_object_keys(val) AS k;
-                IF wide THEN
-                    SELECT jsonb_agg(k ORDER BY idempotency.portable_utf16_order(k) COLLATE "C")
-                      INTO keys FROM jsonb_object_keys(val) AS k;
-                END IF;
-                st_keys[depth] := coalesce(keys, '[]');
-                st_len[depth] := coalesce(jsonb_array_length(keys), 0);
-                parts[np] := '{';
-            ELSE
-                st_keys[depth] := NULL;
-                st_len[depth] := jsonb_array_length(val);
-                parts[np] := '[';
-            END IF;
-        ELSE
-            IF kind = 'number' THEN
-                num := idempotency.portable_json_number(val::numeric);
-                IF num IS NULL THEN
-                    num := val::numeric::text;
-                    IF strpos(num, '.') > 0 THEN
-                        num := rtrim(rtrim(num, '0'), '.');
-                    END IF;
-                    RAISE EXCEPTION 'invalid argument "payload": number out of range for RFC 8785: %',
-                        CASE WHEN length(num) > 40 THEN substr(num, 1, 40) || '...' ELSE num END
-                        USING ERRCODE = '22023';
-                END IF;
-            ELSE
-                num := val::text; -- strings escaped as JSON.stringify does; true, false, null
-            END IF;
-            np := np + 1;
-            parts[np] := num;
+    WITH RECURSIVE node(path, depth, closers, parent_kind, key, val, kind) AS (
+        SELECT ARRAY[]::text[], 1, '', NULL::text, NULL::text, root, jsonb_typeof(root)
+        UNION ALL
+        SELECT n.path || c.sort_key, n.depth + 1,
+               n.closers || CASE WHEN n.kind = 'object' THEN '}' ELSE ']' END,
+               n.kind, c.key, c.val, jsonb_typeof(c.val)
+          FROM node AS n
+         CROSS JOIN LATERAL (
+                SELECT e.key, e.value AS val,
+                       CASE WHEN e.key !~ '[\uE000-\U0010FFFF]' THEN e.key
+                            ELSE idempotency.portable_key_order(e.key) END AS sort_key
+                  FROM jsonb_each(CASE WHEN n.kind = 'object' THEN n.val ELSE '{}' END) AS e
+                UNION ALL
+                SELECT NULL, a.value, lpad(a.position::text, 10, '0')
+                  FROM jsonb_array_elements(CASE WHEN n.kind = 'array' THEN n.val ELSE '[]' END)
+                       WITH ORDINALITY AS a(value, position)
+               ) AS c
+         WHERE n.kind IN ('object', 'array') AND n.depth <= 1000
+    ),
+    written AS (
+        SELECT n.path, n.depth, n.closers, n.parent_kind, n.key, n.val, n.kind,
+               n.kind IN ('object', 'array') AND n.val NOT IN ('{}', '[]') AS opens,
+               CASE WHEN n.kind IN ('object', 'array') THEN NULL
+                    WHEN n.kind <> 'number' THEN n.val::text
+                    WHEN n.val::text ~ '^-?(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$' AND n.val::text !~ '^-?0\.0{6}'
+                         AND length(ltrim(translate(n.val::text, '-.', ''), '0')) <= 15 THEN n.val::text
+                    ELSE idempotency.portable_json_number(n.val::numeric) END AS scalar,
+               lag(n.depth) OVER w AS previous_depth,
+               lead(n.depth, 1, 1) OVER w AS next_depth
+          FROM node AS n
+        WINDOW w AS (ORDER BY n.path COLLATE "C")
+    )
+    SELECT string_agg(CASE WHEN w.previous_depth >= w.depth THEN ',' ELSE '' END
+                      || CASE WHEN w.parent_kind = 'object' THEN to_jsonb(w.key)::text || ':' ELSE '' END
+                      || CASE WHEN w.opens THEN CASE WHEN w.kind = 'object' THEN '{' ELSE '[' END
+                              ELSE coalesce(w.scalar, w.val::text) END
+                      || CASE WHEN w.opens THEN ''
+                              ELSE reverse(substr(w.closers, w.next_depth, w.depth - w.next_depth)) END,
+                      '' ORDER BY w.path COLLATE "C"),
+           (array_agg(CASE WHEN w.depth > 1000 AND w.kind IN ('object', 'array') THEN '"deep"'::jsonb ELSE w.val END
+                      ORDER BY w.path COLLATE "C")
+                FILTER (WHERE (w.depth > 1000 AND w.kind IN ('object', 'array'))
+                           OR (w.kind = 'number' AND w.scalar IS NULL)))[1]
+      INTO canonical, problem
+      FROM written AS w;
+    IF problem = '"deep"' THEN
+        RAISE EXCEPTION 'invalid argument "payload": json nested deeper than 1000 levels' USING ERRCODE = '22023';
+    ELSIF problem IS NOT NULL THEN
+        num := problem::numeric::text;
+        IF strpos(num, '.') > 0 THEN
+            num := rtrim(rtrim(num, '0'), '.');
         END IF;
-        -- The next value to write, closing the containers that are done.
-        LOOP
-            IF depth = 0 THEN
-                EXIT walk;
-            END IF;
-            pos := st_pos[depth];
-            IF pos < st_len[depth] THEN
-                st_pos[depth] := pos + 1;
-                np := np + 1;
-                IF st_keys[depth] IS NOT NULL THEN
-                    member := st_keys[depth] ->> pos;
-                    parts[np] := CASE WHEN pos > 0 THEN ',' ELSE '' END || to_jsonb(member)::text || ':';
-                    val := st_val[depth] -> member;
-                ELSE
-                    parts[np] := CASE WHEN pos > 0 THEN ',' ELSE '' END;
-                    val := st_val[depth] -> pos;
-                END IF;
-                EXIT;
-            END IF;
-            np := np + 1;
-            parts[np] := CASE WHEN st_keys[depth] IS NOT NULL THEN '}' ELSE ']' END;
-            st_val[depth] := NULL;
-            depth := depth - 1;
-        END LOOP;
-    END LOOP;
-    RETURN 'sha256:' || encode(sha256(convert_to(array_to_string(parts, ''), 'UTF8')), 'hex');
+        RAISE EXCEPTION 'invalid argument "payload": number out of range for RFC 8785: %',
+            CASE WHEN length(num) > 40 THEN substr(num, 1, 40) || '...' ELSE num END
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN 'sha256:' || encode(sha256(convert_to(canonical, 'UTF8')), 'hex');
 END
 $$;
 

@@ -3,7 +3,7 @@
 # 1.0.0 requires, and one version everywhere: Cargo.toml, idempotency.control, META.json
 # (the distribution and what it provides), packaging/debian/changelog, and a frozen release
 # script for it. No build, no server: seconds.
-#   tests/package/meta.sh      (tests/package/run.sh sources it)
+#   tests/package/meta.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"
@@ -31,5 +31,4 @@ check "packaging/debian/changelog's latest entry is Cargo.toml's version" "$vers
 check "sql/releases holds the frozen install script of $version" yes \
     "$([ -f "sql/releases/idempotency--$version.sql" ] && echo yes || echo no)"
 
-# Sourced by tests/package/run.sh, whose summary line counts these checks.
-[ "${BASH_SOURCE[0]}" = "$0" ] && finish meta
+finish meta

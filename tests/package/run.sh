@@ -8,7 +8,7 @@
 #   .tar.gz (18) every file at the PostgreSQL 18 installation's pg_config paths; unpacked into a
 #              throwaway copy of that installation, the same SQL checks there.
 #   bad input  an unknown major, a missing pg_config: a message, non-zero, nothing written.
-# Also runs tests/package/meta.sh's checks (META.json's version).
+# META.json's version is checked by tests/package/meta.sh, a suite of its own (seconds, no build).
 #   tests/package/run.sh [DIR] [PORT15] [PORT18]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
@@ -24,7 +24,6 @@ TARBALL=$OUT/idempotency-$version-pg18-amd64.tar.gz
 PG15_CONFIG=$(pg_config_for 15)
 PG18_CONFIG=$(pg_config_for 18)
 
-. tests/package/meta.sh # its checks count here (sourced, it prints no summary line of its own)
 
 # --- bad input to scripts/package.sh -------------------------------------------------------
 rm -rf "$DIR"

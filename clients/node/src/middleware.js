@@ -1,5 +1,6 @@
 // The framework-independent part of the Express and Fastify middleware: key, scope, fingerprint,
 // claim, running the handler in one of the two modes, storing or releasing, and the answers.
+import { randomUUID } from 'node:crypto';
 import { IdempotencyClient, Outcome } from './client.js';
 import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError } from './errors.js';
 import { fingerprint } from './fingerprint.js';
@@ -123,7 +124,7 @@ export class Idempotency {
       return send(res, res.text);
     }
     const { scope, key } = claim;
-    const c = await this.client.claim(scope, key, { fingerprint: claim.fingerprint, ttl: o.ttl, lease: o.lease, wait: o.wait });
+    const c = await this.#claimCommitted(claim, o);
     if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) return answerWithoutWork(c);
     const lease = new Lease(this.client, scope, key, c, o);
     const ctx = {
@@ -161,10 +162,27 @@ export class Idempotency {
     }
   }
 
+  // A caller-chosen token (extension 0.4.0) makes the claim safe to repeat: when the connection
+  // breaks during it (an error without a SQLSTATE), the same call says whether we own the key.
+  async #claimCommitted(claim, o) {
+    const args = { fingerprint: claim.fingerprint, ttl: o.ttl, lease: o.lease, wait: o.wait, token: randomUUID() };
+    try {
+      return await this.client.claim(claim.scope, claim.key, args);
+    } catch (e) {
+      if (!isConnectionError(e) || !(await this.client.features()).token) throw e;
+      o.logger.warn(`pg-idempotency: ${claim.scope} ${claim.key}: the claim's connection failed (${e.message}); repeating it with the same token`);
+      return this.client.claim(claim.scope, claim.key, args);
+    }
+  }
+
   #fenced(o, scope, key, e) {
     o.logger.warn(`pg-idempotency: ${scope} ${key}: late completion fenced (${e.code}): another attempt owns the key; not reporting success`);
     return answer(problems.superseded());
   }
+}
+
+function isConnectionError(e) {
+  return !(typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code));
 }
 
 function isFenced(e) {

@@ -1,5 +1,6 @@
 // Demo servers killed or frozen in the middle of a committed-first handler.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { after, test } from 'node:test';
 import {
   LEASE_MS, chargeCount, isProblem, newKey, newPool, newTenant, postCharge, quoted, sleep, startDemo, waitInProgress,
@@ -80,3 +81,21 @@ for (const framework of ['express', 'fastify']) {
     }
   });
 }
+
+test('without --allow-fault-injection the X-Fault-* headers are ignored; bad options exit 2 with a message', async () => {
+  for (const framework of ['express', 'fastify']) {
+    const app = await startDemo(framework, { faults: false });
+    try {
+      const tenant = newTenant();
+      const r = await postCharge(app.port, route, { tenant, key: quoted(newKey()), headers: { 'X-Fault-Fail-Before': '1' } });
+      assert.equal(r.status, 201, r.body);
+      assert.equal(await chargeCount(pool, tenant), 1);
+    } finally {
+      await app.stop();
+    }
+    const bad = spawnSync(process.execPath, [new URL(`../demo/${framework}.js`, import.meta.url).pathname,
+      '--database-url', 'postgresql://x@127.0.0.1:1/x', '--listen', 'nowhere'], { encoding: 'utf8' });
+    assert.equal(bad.status, 2);
+    assert.match(bad.stderr, /--listen: expected HOST:PORT/);
+  }
+});

@@ -42,20 +42,20 @@ after(() => Promise.all([...running].map((s) => s.stop('SIGKILL'))));
  * A demo server (`express` or `fastify`) as a child process, up once /healthz answers. A port
  * that is taken (the ephemeral range covers ours: a client socket may hold it) moves on to the next.
  */
-export async function startDemo(framework, { port, databaseUrl = DATABASE_URL, leaseMs = LEASE_MS } = {}) {
+export async function startDemo(framework, { port, databaseUrl = DATABASE_URL, leaseMs = LEASE_MS, faults = true } = {}) {
   for (let attempt = 0; ; attempt++) {
     const p = attempt === 0 && port !== undefined ? port : takePort();
     try {
-      return await startDemoOn(framework, p, databaseUrl, leaseMs);
+      return await startDemoOn(framework, p, databaseUrl, leaseMs, faults);
     } catch (e) {
       if (!/EADDRINUSE/.test(e.message) || attempt >= 5) throw e;
     }
   }
 }
 
-async function startDemoOn(framework, port, databaseUrl, leaseMs) {
+async function startDemoOn(framework, port, databaseUrl, leaseMs, faults) {
   const proc = spawn(process.execPath, [DEMO_DIR + framework + '.js', '--database-url', databaseUrl,
-    '--listen', `127.0.0.1:${port}`, '--lease-ms', String(leaseMs), '--allow-fault-injection'],
+    '--listen', `127.0.0.1:${port}`, '--lease-ms', String(leaseMs), ...(faults ? ['--allow-fault-injection'] : [])],
   { stdio: ['ignore', 'inherit', 'pipe'] });
   let log = '';
   proc.stderr.on('data', (d) => (log += d));

@@ -51,7 +51,7 @@ CHURN_RATE=500
 CHURN_BASE=500000
 CONFIGS="default ff85 av ff85_av ff85_nopartial"
 PHASES="levels sweep churn"
-PORT=55461
+PORT=$(( $(port_of bench) + 1 ))   # tests/lib.sh: bench ports
 CDIR=/tmp/idempotency-expiry-$PORT
 OUT=""
 KEEP=0
@@ -95,7 +95,7 @@ BG_PIDS=()
 cleanup() {
     for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     if [ "$KEEP" = 0 ]; then
-        "$ROOT/scripts/cluster.sh" stop "$CDIR" || true
+        cluster_stop "$CDIR"
         rm -rf "$CDIR"
     fi
 }

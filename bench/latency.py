@@ -94,6 +94,30 @@ def fmt(x, digits=1):
     return f"{x:,.{digits}f}"
 
 
+def across_majors(rows, by):
+    """With runs on several majors: each implementation's tps and p99 on each, and the ratio of
+    the last major to the first (the implementations and majors alternated within each round)."""
+    majors = sorted({r["pg"] for r in rows if r["pg"]}, key=int)
+    if len(majors) < 2:
+        return []
+    first, last = majors[0], majors[-1]
+    out = [f"#### PostgreSQL {last} against {first}\n",
+           f"| clients | scenario | implementation | tps {first} | tps {last} | {last}/{first} tps "
+           f"| p99 ms {first} | p99 ms {last} |",
+           "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if r["pg"] != first:
+            continue
+        o = by.get((last, r["clients"], r["scenario"], r["impl"]))
+        if not o:
+            continue
+        ratio = f"**{o['tps'] / r['tps']:.2f}x**" if r["tps"] else "—"
+        out.append(f"| {r['clients']} | {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])} | {fmt(r['tps'], 0)} "
+                   f"| {fmt(o['tps'], 0)} | {ratio} | {fmt(r['p99_ms'], 3)} | {fmt(o['p99_ms'], 3)} |")
+    out.append("")
+    return out
+
+
 def summarize(results):
     runs = []
     with open(os.path.join(results, "runs.tsv")) as f:
@@ -107,11 +131,12 @@ def summarize(results):
         span = last - first if n else 0
         r["n"], r["failed"] = n, failed
         r["tps_log"] = n / span if span > 0 else 0.0
-        groups.setdefault((int(r["clients"]), r["scenario"], r["impl"]), []).append((r, lat))
+        # runs.tsv of a run over several majors has a pg column; older ones do not.
+        groups.setdefault((r.get("pg", ""), int(r["clients"]), r["scenario"], r["impl"]), []).append((r, lat))
 
     rows = []
-    for (clients, scenario, impl), items in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], SCENARIOS.index(kv[0][1]) if kv[0][1] in SCENARIOS else 99, IMPLS.index(kv[0][2]))
+    for (pg, clients, scenario, impl), items in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], SCENARIOS.index(kv[0][2]) if kv[0][2] in SCENARIOS else 99, IMPLS.index(kv[0][3]))
     ):
         tps_rounds = [r["tps_log"] for r, _ in items]
         lat = sorted(x for _, l in items for x in l)
@@ -121,7 +146,7 @@ def summarize(results):
         tps = statistics.mean(tps_rounds) if tps_rounds else 0
         spread = (max(tps_rounds) - min(tps_rounds)) / tps * 100 if tps else 0
         rows.append({
-            "clients": clients, "scenario": scenario, "impl": impl, "rounds": len(items),
+            "pg": pg, "clients": clients, "scenario": scenario, "impl": impl, "rounds": len(items),
             "transactions": n, "failed": sum(r["failed"] for r, _ in items),
             "tps": tps, "tps_spread_pct": spread,
             "p50_ms": pct(lat, 50) / 1000, "p99_ms": pct(lat, 99) / 1000,
@@ -129,32 +154,32 @@ def summarize(results):
             "wal_bytes_per_txn": wal / n if n else float("nan"),
         })
 
-    by = {(r["clients"], r["scenario"], r["impl"]): r for r in rows}
+    by = {(r["pg"], r["clients"], r["scenario"], r["impl"]): r for r in rows}
     with open(os.path.join(results, "summary.tsv"), "w") as f:
         cols = list(rows[0].keys()) if rows else []
         f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor"]) + "\n")
         for r in rows:
-            ext = by.get((r["clients"], r["scenario"], "ext"))
-            peer = by.get((r["clients"], r["scenario"], "peer"))
-            floor = by.get((r["clients"], r["scenario"], "floor"))
+            ext = by.get((r["pg"], r["clients"], r["scenario"], "ext"))
+            peer = by.get((r["pg"], r["clients"], r["scenario"], "peer"))
+            floor = by.get((r["pg"], r["clients"], r["scenario"], "floor"))
             vp = ext["tps"] / peer["tps"] if ext and peer and peer["tps"] else float("nan")
             vf = ext["tps"] / floor["tps"] if ext and floor and floor["tps"] else float("nan")
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
                     + f"\t{vp:.3f}\t{vf:.3f}\n")
 
     out = []
-    for clients in sorted({r["clients"] for r in rows}):
-        out.append(f"#### {clients} clients\n")
+    for pg, clients in sorted({(r["pg"], r["clients"]) for r in rows}):
+        out.append(f"#### {'PostgreSQL ' + pg + ', ' if pg else ''}{clients} clients\n")
         out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn | ext/peer tps | ext/floor tps |")
         out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
-            if r["clients"] != clients:
+            if (r["pg"], r["clients"]) != (pg, clients):
                 continue
-            ext = by.get((clients, r["scenario"], "ext"))
+            ext = by.get((pg, clients, r["scenario"], "ext"))
             cells = ["", ""]
             if r["impl"] == "ext":
-                peer = by.get((clients, r["scenario"], "peer"))
-                floor = by.get((clients, r["scenario"], "floor"))
+                peer = by.get((pg, clients, r["scenario"], "peer"))
+                floor = by.get((pg, clients, r["scenario"], "floor"))
                 cells = [
                     f"**{ext['tps'] / peer['tps']:.2f}x**" if peer and peer["tps"] else "—",
                     f"**{ext['tps'] / floor['tps']:.2f}x**" if floor and floor["tps"] else "—",
@@ -166,6 +191,7 @@ def summarize(results):
                 f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | {cells[0]} | {cells[1]} |"
             )
         out.append("")
+    out.extend(across_majors(rows, by))
     out.append("tps: transactions per second from the logs, mean of the rounds; spread: half the range "
                "of the rounds' tps, relative to the mean; p50 / p99: over every transaction of every "
                "round; xids/txn and WAL B/txn: transaction ids assigned and WAL written during the "

@@ -1,29 +1,12 @@
-# Shared by bench/run.sh, bench/expiry.sh and bench/profile.sh. Source it; it sets
-#   ROOT (the repository), BENCH (this folder), PGBIN
-# and defines the helpers below. Clusters come from scripts/cluster.sh (owned by the
-# postgres OS user, socket in DIR/socket).
+# Shared by bench/run.sh, bench/expiry.sh, bench/profile.sh, bench/variants.sh and
+# bench/checks.sh. Source it; it sets ROOT (the repository), BENCH (this folder) and, from
+# tests/lib.sh, PG_MAJOR / PGBIN (PostgreSQL 15 unless PG_MAJOR says 18; its bin directory
+# first on PATH), cluster_fresh / cluster_stop (clusters owned by the postgres OS user,
+# socket in DIR/socket) and port_of; and defines the helpers below.
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/../tests/lib.sh" || exit 2
 BENCH=$ROOT/bench
-PGBIN=/usr/lib/postgresql/15/bin
 PY=/usr/bin/python3
-unset RUST_BACKTRACE RUST_LIB_BACKTRACE
-
-# cluster_fresh DIR PORT [conf lines...]: a new cluster in DIR (any old one there is removed).
-cluster_fresh() {
-    local dir=$1 port=$2; shift 2
-    "$ROOT/scripts/cluster.sh" stop "$dir" 2>/dev/null || true
-    rm -rf "$dir"
-    # The port may be briefly held by a client connection's ephemeral port (TIME_WAIT):
-    # try again a few times.
-    local try
-    for try in 1 2 3 4 5 6; do
-        "$ROOT/scripts/cluster.sh" start "$dir" "$port" "$@" && return 0
-        echo "cluster start on port $port failed (try $try), retrying" >&2
-        sleep 10
-    done
-    return 1
-}
 
 # q SQL...: one psql call against $DB on the cluster of $CDIR/$PORT, unaligned, no headers.
 q() { psql -X -q -v ON_ERROR_STOP=1 -h "$CDIR/socket" -p "$PORT" -U postgres -d "${DB:-postgres}" -At "$@"; }

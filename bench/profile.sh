@@ -26,7 +26,7 @@ set -euo pipefail
 
 CALLS=2000
 PATHS="replay in_progress claim_complete seen_dup fp_1k fp_64k"
-PORT=55462
+PORT=$(( $(port_of bench) + 2 ))   # tests/lib.sh: bench ports
 CDIR=/tmp/idempotency-profile-$PORT
 OUT=""
 SMOKE=0
@@ -50,7 +50,7 @@ command -v valgrind >/dev/null || { echo "profile.sh needs valgrind (apt-get ins
 OUT=${OUT:-$BENCH/results/profile-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
 mkdir -p "$OUT"
 chmod 777 "$OUT"   # the postgres OS user writes the callgrind files
-trap '"$ROOT/scripts/cluster.sh" stop "$CDIR" || true; rm -rf "$CDIR"' EXIT
+trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 
 echo "== cluster $CDIR; results in $OUT"
 cluster_fresh "$CDIR" "$PORT" "shared_buffers = 256MB"
@@ -60,7 +60,7 @@ q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
 q -v nkeys=10000 -f "$BENCH/setup.sql" >/dev/null
 sql=$(variant_sql "$VARIANT"); [ -n "$sql" ] && q -c "$sql" && q -c "ANALYZE"
 machine_info >"$OUT/machine.txt"
-"$ROOT/scripts/cluster.sh" stop "$CDIR"
+cluster_stop "$CDIR"
 
 S="'acct_42 POST /charges'"
 FP="'sha256:4f2d'"

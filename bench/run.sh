@@ -7,11 +7,15 @@
 # in the scenarios of bench/scripts/<scenario>.<impl>.sql, with pgbench -n -M prepared -l.
 # For each client count and scenario the implementations alternate, ext peer floor ext peer
 # floor ..., for --rounds rounds, so that drift of a busy machine falls on all of them alike.
+# With --pg "15 18" there is one cluster per major and, within each round, the majors
+# alternate too (ext peer floor on 15, then on 18); summary.md adds an 18-against-15 table.
 #
-#   bench/run.sh [--seconds S] [--clients "2 16"] [--rounds R] [--scenarios "a b"]
+#   bench/run.sh [--pg "15 18"] [--seconds S] [--clients "2 16"] [--rounds R] [--scenarios "a b"]
 #                [--nkeys N] [--port P] [--dir DIR] [--out DIR] [--conf 'name = value']...
 #                [--keep] [--smoke]
 #
+#   --pg MAJORS      the PostgreSQL majors, one or several (default: $PG_MAJOR, else 15); the
+#                    extension must be installed into each. Ports: tests/lib.sh's "bench" row
 #   --seconds S      pgbench -T per run (default 10)
 #   --clients LIST   client counts (default "2 16"); pgbench threads: 2 at most (2 cores)
 #   --rounds R       rounds of alternation (default 2, at least 2 for figures)
@@ -20,7 +24,8 @@
 #   --conf LINE      an extra postgresql.conf line, e.g. --conf 'fsync = on' (repeatable)
 #   --smoke          what CI runs: 200 transactions per client instead of seconds, 2 clients,
 #                    2 rounds, 1000 pre-populated keys; checks the scripts, not the speed
-#   --keep           leave the cluster running afterwards (else it is stopped and removed)
+#   --keep           leave the cluster(s) running afterwards (else stopped and removed)
+#   --port / --dir   one major only
 #
 # Writes DIR/results (default bench/results/run-<UTC time>): runs.tsv, the pgbench logs and
 # outputs, machine.txt, checks.md (the no-xid / no-lock checks), summary.md / summary.tsv.
@@ -31,8 +36,9 @@ SECONDS_PER_RUN=10
 CLIENTS="2 16"
 ROUNDS=2
 NKEYS=100000
-PORT=55460
-CDIR=/tmp/idempotency-bench-$PORT
+MAJORS=$PG_MAJOR
+PORT=""
+CDIR=""
 OUT=""
 KEEP=0
 SMOKE=0
@@ -45,7 +51,8 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS=$2; shift 2 ;;
         --scenarios) SCENARIOS=$2; shift 2 ;;
         --nkeys) NKEYS=$2; shift 2 ;;
-        --port) PORT=$2; CDIR=/tmp/idempotency-bench-$PORT; shift 2 ;;
+        --pg) MAJORS=$2; shift 2 ;;
+        --port) PORT=$2; shift 2 ;;
         --dir) CDIR=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --conf) CONF+=("$2"); shift 2 ;;
@@ -58,28 +65,51 @@ done
 if [ "$SMOKE" = 1 ]; then
     CLIENTS="2"; ROUNDS=2; NKEYS=1000
 fi
+read -r -a MAJORS <<<"$MAJORS"
+declare -A PORTS CDIRS
+for m in "${MAJORS[@]}"; do
+    use_major "$m" || { echo "run.sh: --pg: PostgreSQL '$m' is not available (majors: $PG_MAJORS)" >&2; exit 2; }
+    extension_installed || { echo "run.sh: the extension is not installed into PostgreSQL $m" \
+        "(cargo pgrx install --release --pg-config $PGBIN/pg_config --no-default-features --features pg$m)" >&2; exit 2; }
+    PORTS[$m]=$(port_of bench "$m")
+    CDIRS[$m]=/tmp/idempotency-bench-${PORTS[$m]}
+done
+if [ -n "$PORT$CDIR" ]; then
+    [ ${#MAJORS[@]} -eq 1 ] || { echo "run.sh: --port / --dir need a single --pg major" >&2; exit 2; }
+    PORTS[${MAJORS[0]}]=${PORT:-${PORTS[${MAJORS[0]}]}}
+    CDIRS[${MAJORS[0]}]=${CDIR:-/tmp/idempotency-bench-${PORTS[${MAJORS[0]}]}}
+fi
+# on_major M: q, pgbench, machine_info and checks.sh talk to M's cluster.
+on_major() { use_major "$1"; PORT=${PORTS[$1]}; CDIR=${CDIRS[$1]}; }
 OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
 mkdir -p "$OUT/logs"
 DB=bench
 
 cleanup() {
     if [ "$KEEP" = 0 ]; then
-        "$ROOT/scripts/cluster.sh" stop "$CDIR" || true
-        rm -rf "$CDIR"
+        for m in "${MAJORS[@]}"; do
+            cluster_stop "${CDIRS[$m]}"
+            rm -rf "${CDIRS[$m]}"
+        done
     fi
 }
 trap cleanup EXIT
 
-echo "== cluster $CDIR on port $PORT; results in $OUT"
-cluster_fresh "$CDIR" "$PORT" "${CONF[@]}"
-DB=postgres q -c "CREATE DATABASE $DB"
-q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
-echo "== populating ($NKEYS records per implementation and outcome)"
-q -v nkeys="$NKEYS" -f "$BENCH/setup.sql" >"$OUT/setup.log"
-machine_info | tee "$OUT/machine.txt"
-
-echo "== no transaction id, no lock for answers from a read"
-"$BENCH/checks.sh" "$CDIR" "$PORT" "$DB" | tee "$OUT/checks.md"
+: >"$OUT/machine.txt"
+: >"$OUT/checks.md"
+for m in "${MAJORS[@]}"; do
+    on_major "$m"
+    echo "== PostgreSQL $m: cluster $CDIR on port $PORT; results in $OUT"
+    cluster_fresh "$CDIR" "$PORT" "${CONF[@]}"
+    DB=postgres q -c "CREATE DATABASE $DB"
+    q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
+    echo "== populating ($NKEYS records per implementation and outcome)"
+    q -v nkeys="$NKEYS" -f "$BENCH/setup.sql" >"$OUT/setup-pg$m.log"
+    [ ${#MAJORS[@]} -gt 1 ] && echo "## PostgreSQL $m" | tee -a "$OUT/machine.txt" "$OUT/checks.md"
+    machine_info | tee -a "$OUT/machine.txt"
+    echo "== no transaction id, no lock for answers from a read"
+    "$BENCH/checks.sh" "$CDIR" "$PORT" "$DB" | tee -a "$OUT/checks.md"
+done
 
 impls_of() {
     local s=$1 i
@@ -89,13 +119,16 @@ impls_of() {
     return 0
 }
 
-printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\n' >"$OUT/runs.tsv"
+printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\tpg\n' >"$OUT/runs.tsv"
 for c in $CLIENTS; do
     threads=$(( c < 2 ? c : 2 ))
     for s in $SCENARIOS; do
         for r in $(seq 1 "$ROUNDS"); do
+          for m in "${MAJORS[@]}"; do
+            on_major "$m"
             for i in $(impls_of "$s"); do
                 name=$s.$i.c$c.r$r
+                [ ${#MAJORS[@]} -gt 1 ] && name=$name.pg$m
                 q -c "CHECKPOINT"
                 x0=$(xid_next); l0=$(wal_lsn); t0=$(date +%s)
                 if [ "$SMOKE" = 1 ]; then length=(-t 200); else length=(-T "$SECONDS_PER_RUN"); fi
@@ -105,10 +138,11 @@ for c in $CLIENTS; do
                     echo "pgbench failed for $name:"; cat "$OUT/logs/$name.out"; exit 1; }
                 x1=$(xid_next); l1=$(wal_lsn)
                 tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$i" "$r" "logs/$name" "$tps" \
-                    "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" >>"$OUT/runs.tsv"
-                printf '%-16s %-6s c=%-3s round %s: %10s tps\n' "$s" "$i" "$c" "$r" "$tps"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$i" "$r" "logs/$name" "$tps" \
+                    "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" "$m" >>"$OUT/runs.tsv"
+                printf 'pg%s %-16s %-6s c=%-3s round %s: %10s tps\n' "$m" "$s" "$i" "$c" "$r" "$tps"
             done
+          done
         done
     done
 done

@@ -23,7 +23,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 SECONDS_PER_RUN=10; CLIENTS="2 16"; ROUNDS=3; ROWS=1000000
-VARIANTS="installed v010 noexpidx hot pkonly peer floor"; PORT=55464; OUT=""; SMOKE=0
+VARIANTS="installed v010 noexpidx hot pkonly peer floor"; PORT=$(( $(port_of bench) + 4 )); OUT=""; SMOKE=0
 while [ $# -gt 0 ]; do
     case $1 in
         --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
@@ -42,7 +42,7 @@ done
 CDIR=/tmp/idempotency-variants-$PORT
 OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
 mkdir -p "$OUT/logs"
-trap '"$ROOT/scripts/cluster.sh" stop "$CDIR" || true; rm -rf "$CDIR"' EXIT
+trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 
 echo "== cluster $CDIR on port $PORT; results in $OUT"
 cluster_fresh "$CDIR" "$PORT" "shared_buffers = 1GB" "max_wal_size = 4GB" "checkpoint_timeout = 30min"

@@ -1,48 +1,162 @@
 #!/usr/bin/env bash
-# Command 2 of the README: the whole test suite, on a fresh Debian 12 machine as root.
-#   1. Rust unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test)
-#   2. the extension built and installed, a throwaway cluster started
-#   3. the pg_regress suite and the isolationtester specs against it (make -C tests installcheck)
-#   4. pg_cron scheduling the sweep on a cluster of its own (tests/pg_cron/run.sh)
-#      releases and upgrades: frozen release scripts, ALTER EXTENSION UPDATE (tests/upgrade/run.sh)
-#   5. the dead-worker completer example's self-test (examples/completer.py --self-test)
-#   6. a 20 s stress run of 32 sessions with killed backends and one server crash
-#      (tests/stress/stress.py; STRESS_SECONDS=120 scripts/test.sh for a longer one)
-#   7. security: privileges, RLS, search_path, dumps, a standby, huge input (tests/security/run.sh)
-#   8. the example service end to end (tests/e2e/run.sh) and the client examples
-#      (tests/clients/run_examples.sh)
-#   9. Citus, where it is installed (tests/citus/run.sh; skipped with a message otherwise)
-#  10. a smoke run of the benchmark scripts (bench/run.sh --smoke)
-# Ends with one line "total: N passed, M failed".
+# The test suites, on a fresh Debian 12 machine as root, on PostgreSQL 15 and 18.
+#
+#   scripts/test.sh                   everything (what CI runs: .ci/run)
+#   scripts/test.sh fast              the quick tier: unit + in-process, regress, isolation
+#   scripts/test.sh SUITE...          those suites (names below)
+#   scripts/test.sh --pg 18 ...       on one major only (repeatable; default: 15 and 18)
+#
+# Suites (the table in register_suites below says which run on which major):
+#   lint          cargo fmt / clippy (scripts/lint.sh)
+#   links         every relative link and #anchor in the Markdown files (scripts/check-links.py)
+#   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
+#   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)
+#   pg_cron       the sweep scheduled by pg_cron (15 only: Debian ships pg_cron for 15)
+#   upgrade       every frozen release, ALTER EXTENSION UPDATE
+#   completer     examples/completer.py --self-test     stress     32 sessions, kills, one crash
+#   security      privileges, RLS, search_path, dump/restore with that major's own pg_dump, standby
+#   client-examples  the Python, Node and Rust client examples
+#   e2e           the example HTTP service under faults (on 15)
+#   bench-smoke   the benchmark scripts, tiny runs (on 15)
+#   citus         Citus, where installed (skipped with a message otherwise)
+# Before a major's suites that need it, the extension is built and installed (release) into
+# that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
+# "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
+# with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
+# On a fresh machine PostgreSQL is not there yet (install-deps below brings it): the majors
+# are chosen with --pg, and each is checked when its turn comes.
+unset PG_MAJOR
+. tests/lib.sh 2>/dev/null || true
 
-TEST_DIR=${TEST_DIR:-/tmp/idempotency-test}
-TEST_PORT=${TEST_PORT:-54330}
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 LOGS=$ROOT/target/test-logs
-passed=0
-failed=0
-broken=()
+STARTED=$SECONDS
 
-scripts/install-deps.sh || { echo "install-deps failed"; exit 1; }
-export PATH="$HOME/.cargo/bin:$PATH"
-mkdir -p "$LOGS"
+# --- the suites --------------------------------------------------------------------------
+
+# register NAME WHERE TIER NEEDS COMMAND...
+#   WHERE  once (not tied to a major) | each (every major) | 15 | 18 (that major only)
+#   TIER   fast (also in `scripts/test.sh fast`) | full
+#   NEEDS  - | ext (the release build installed into the major) | cluster (also the shared
+#          test cluster running, in PGHOST/PGPORT)
+#   COMMAND  a script or a function below; OPTIONAL:PATH runs PATH and, while PATH is not in
+#          the tree, prints that it is skipped
+NAMES=()
+declare -A WHERE TIER NEEDS COMMAND
+register() {
+    NAMES+=("$1"); WHERE[$1]=$2; TIER[$1]=$3; NEEDS[$1]=$4; shift 4
+    COMMAND[${NAMES[-1]}]="$*"
+}
+
+register_suites() {
+    register lint            once full -       OPTIONAL:scripts/lint.sh
+    register links           once full -       OPTIONAL:scripts/check-links.py
+    register unit            each fast -       pgrx_tests
+    register regress         each fast cluster installcheck regress
+    register isolation       each fast cluster installcheck isolation
+    register pg_cron         each full ext     tests/pg_cron/run.sh
+    register upgrade         each full ext     tests/upgrade/run.sh
+    register completer       each full cluster completer
+    register stress          each full ext     stress
+    register security        each full ext     tests/security/run.sh
+    register client-examples each full ext     tests/clients/run_examples.sh
+    register e2e             15   full ext     tests/e2e/run.sh
+    register bench-smoke     15   full ext     bench_smoke
+    register citus           each full ext     tests/citus/run.sh
+}
+
+pgrx_tests() {
+    local dir
+    dir=$(dir_of pgrx-test)
+    rm -rf "$dir"
+    cargo pgrx test "pg$PG_MAJOR" --runas postgres --pgdata "$dir"
+}
+
+installcheck() { # installcheck regress|isolation
+    local status
+    rm -rf "tests/results/$1"
+    if [ "$1" = regress ]; then
+        make -C tests installcheck PG_CONFIG="$PGBIN/pg_config" ISOLATION=
+    else
+        make -C tests installcheck PG_CONFIG="$PGBIN/pg_config" REGRESS=
+    fi
+    status=$?
+    [ $status -ne 0 ] && find "tests/results/$1" -name '*.diffs' -exec cat {} + | head -200
+    return $status
+}
+
+completer() {
+    psql -X -q -c "DROP DATABASE IF EXISTS completer_test" -c "CREATE DATABASE completer_test" postgres &&
+        /usr/bin/python3 examples/completer.py --self-test --host "$PGHOST" --port "$PGPORT" --dbname completer_test
+}
+
+# The stress run crashes its server once, so it gets a cluster of its own.
+stress() {
+    local dir port status
+    dir=$(dir_of stress)
+    port=$(port_of stress)
+    cluster_fresh "$dir" "$port" || return 1
+    /usr/bin/python3 tests/stress/stress.py --host "$dir/socket" --port "$port" --datadir "$dir/data" \
+        --bindir "$PGBIN" --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300
+    status=$?
+    cluster_stop "$dir"
+    return $status
+}
+
+# The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).
+bench_smoke() { bench/run.sh --smoke --pg "$PG_MAJOR" && echo "bench-smoke: 1 passed, 0 failed"; }
+
+# --- arguments ---------------------------------------------------------------------------
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+register_suites
+majors=()
+wanted=()
+while [ $# -gt 0 ]; do
+    case $1 in
+    --pg)
+        pg_bindir "${2:-}" >/dev/null || { echo "test.sh: --pg needs one of: $PG_MAJORS" >&2; exit 2; }
+        majors+=("$2"); shift 2 ;;
+    fast)
+        for n in "${NAMES[@]}"; do [ "${TIER[$n]}" = fast ] && wanted+=("$n"); done
+        shift ;;
+    -h|--help) usage; exit 0 ;;
+    in-process|unit-and-in-process) wanted+=(unit); shift ;;
+    client_examples|examples) wanted+=(client-examples); shift ;;
+    *)
+        if [ -z "${WHERE[$1]+x}" ]; then
+            echo "test.sh: unknown suite '$1'; suites: fast ${NAMES[*]}" >&2
+            exit 2
+        fi
+        wanted+=("$1"); shift ;;
+    esac
+done
+[ ${#majors[@]} -eq 0 ] && read -r -a majors <<<"$PG_MAJORS"
+[ ${#wanted[@]} -eq 0 ] && wanted=("${NAMES[@]}")
+is_wanted() { local w; for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+
+# --- counting ----------------------------------------------------------------------------
+
+total_passed=0
+total_failed=0
+broken=()
+declare -A DURATION   # "SUITE|MAJOR" (MAJOR empty for suites not tied to one) -> seconds
 
 # Adds a suite's counts from its log. Three summary forms are understood:
 #   cargo:       "test result: ok. 42 passed; 0 failed; ..."   (every such line counts)
-#   pg_regress:  "All 9 tests passed."  or  "2 of 9 tests failed."
+#   pg_regress:  "All 9 tests passed."  or  "2 of 9 tests failed."  (pg 15),
+#                "# All 9 tests passed." or "# 2 of 9 tests failed." (pg 18, TAP output)
 #   our own:     "stress: 5 passed, 0 failed"   (the last such line is the suite's total)
-count() {
-    local name=$1 log=$2 status=$3 p=0 f=0 own_p=0 own_f=0 line
+count() { # count LABEL LOG STATUS SECONDS
+    local label=$1 log=$2 status=$3 p=0 f=0 own_p=0 own_f=0 line
     while read -r line; do
         if [[ $line =~ test\ result:\ [a-zA-Z]+\.\ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
             p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
-        elif [[ $line =~ All\ ([0-9]+)\ tests\ passed ]]; then
-            p=$((p + BASH_REMATCH[1]))
-        elif [[ $line =~ ([0-9]+)\ of\ ([0-9]+)\ tests\ failed ]]; then
-            p=$((p + BASH_REMATCH[2] - BASH_REMATCH[1])); f=$((f + BASH_REMATCH[1]))
+        elif [[ $line =~ ^(#\ )?All\ ([0-9]+)\ tests\ passed ]]; then
+            p=$((p + BASH_REMATCH[2]))
+        elif [[ $line =~ ^(#\ )?([0-9]+)\ of\ ([0-9]+)\ tests\ failed ]]; then
+            p=$((p + BASH_REMATCH[3] - BASH_REMATCH[2])); f=$((f + BASH_REMATCH[2]))
         elif [[ $line =~ ^[a-z0-9_-]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
             own_p=${BASH_REMATCH[1]}; own_f=${BASH_REMATCH[2]}
         fi
@@ -50,93 +164,128 @@ count() {
     p=$((p + own_p)); f=$((f + own_f))
     # A suite that failed without saying how many counts as one failure.
     if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p))
-    failed=$((failed + f))
-    [ "$status" -ne 0 ] && broken+=("$name (log: $log)")
-    echo "== $name: $p passed, $f failed"
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+    [ "$status" -ne 0 ] && broken+=("$label (log: $log)")
+    echo "== $label: $p passed, $f failed ($4 s)"
 }
 
-run() {
-    local name=$1; shift
-    echo "== $name"
-    "$@" 2>&1 | tee "$LOGS/$name.log"
-    count "$name" "$LOGS/$name.log" "${PIPESTATUS[0]}"
-}
-
-pgrx_tests() {
-    rm -rf /tmp/idempotency-pgrx-test
-    cargo pgrx test pg15 --runas postgres --pgdata /tmp/idempotency-pgrx-test
-}
-run unit-and-in-process pgrx_tests
-
-# cargo pgrx test installed its test build; install the real one over it.
-echo "== building and installing the extension (release)"
-if ! cargo pgrx install --release --pg-config "$PG_CONFIG" >"$LOGS/install.log" 2>&1; then
-    cat "$LOGS/install.log"
-    echo "total: $passed passed, $((failed + 1)) failed"
-    exit 1
-fi
-
-scripts/cluster.sh stop "$TEST_DIR"
-rm -rf "$TEST_DIR"
-scripts/cluster.sh start "$TEST_DIR" "$TEST_PORT"
-trap 'scripts/cluster.sh stop "$TEST_DIR"' EXIT
-export PGHOST=$TEST_DIR/socket PGPORT=$TEST_PORT PGUSER=postgres
-
-installcheck() { # installcheck regress|isolation
-    local status
-    if [ "$1" = regress ]; then
-        make -C tests installcheck PG_CONFIG="$PG_CONFIG" ISOLATION=
-    else
-        make -C tests installcheck PG_CONFIG="$PG_CONFIG" REGRESS=
+run() { # run NAME [MAJOR]: in the major lib.sh's use_major chose
+    local name=$1 major=${2:-} cmd status t0 log logdir=$LOGS suffix=""
+    [ -n "$major" ] && { logdir=$LOGS/pg$major; suffix=" (pg$major)"; }
+    read -r -a cmd <<<"${COMMAND[$name]}"
+    mkdir -p "$logdir"
+    log=$logdir/$name.log
+    echo "== $name$suffix"
+    if [[ ${cmd[0]} == OPTIONAL:* ]]; then
+        cmd[0]=${cmd[0]#OPTIONAL:}
+        if [ ! -e "${cmd[0]}" ]; then
+            echo "$name: skipped: ${cmd[0]} not in this tree yet"
+            return
+        fi
     fi
-    status=$?
-    [ $status -ne 0 ] && find "tests/results/$1" -name '*.diffs' -exec cat {} + | head -200
-    return $status
+    t0=$SECONDS
+    "${cmd[@]}" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    DURATION[$name|$major]=$((SECONDS - t0))
+    count "$name$suffix" "$log" "$status" "$((SECONDS - t0))"
 }
-rm -rf tests/results
-run regress installcheck regress
-run isolation installcheck isolation
-run pg_cron tests/pg_cron/run.sh
-run upgrade tests/upgrade/run.sh
 
-completer() {
-    psql -X -q -c "DROP DATABASE IF EXISTS completer_test" -c "CREATE DATABASE completer_test" postgres &&
-        /usr/bin/python3 examples/completer.py --self-test --host "$PGHOST" --port "$PGPORT" --dbname completer_test
+not_here() { # not_here NAME SUFFIX WHY: a suite that does not run on this major, said aloud
+    echo "== $1$2: not run: $3"
 }
-run completer completer
 
-# The stress run crashes its server once, so it gets a cluster of its own.
-stress() {
-    local dir=/tmp/idempotency-stress port=54332 status
-    scripts/cluster.sh stop "$dir"
-    rm -rf "$dir"
-    scripts/cluster.sh start "$dir" "$port" || return 1
-    /usr/bin/python3 tests/stress/stress.py --host "$dir/socket" --port "$port" --datadir "$dir/data" \
-        --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300
-    status=$?
-    scripts/cluster.sh stop "$dir"
-    return $status
+# --- preparing a major -------------------------------------------------------------------
+
+# The release build installed into PG_MAJOR (once per major and run).
+declare -A INSTALLED
+install_extension_build() {
+    [ -n "${INSTALLED[$PG_MAJOR]:-}" ] && return "${INSTALLED[$PG_MAJOR]}"
+    local t0=$SECONDS log=$LOGS/pg$PG_MAJOR/install.log
+    mkdir -p "$LOGS/pg$PG_MAJOR"
+    echo "== building and installing the extension (release) into PostgreSQL $PG_MAJOR"
+    if cargo pgrx install --release --pg-config "$PGBIN/pg_config" \
+            --no-default-features --features "pg$PG_MAJOR" >"$log" 2>&1; then
+        INSTALLED[$PG_MAJOR]=0
+    else
+        tail -n 40 "$log"
+        INSTALLED[$PG_MAJOR]=1
+        total_failed=$((total_failed + 1))
+        broken+=("install (pg$PG_MAJOR) (log: $log)")
+    fi
+    DURATION[install|$PG_MAJOR]=$((SECONDS - t0))
+    echo "== install (pg$PG_MAJOR): $((SECONDS - t0)) s"
+    return "${INSTALLED[$PG_MAJOR]}"
 }
-run stress stress
 
-# Privileges, row-level security, search_path hijacks, dump/restore, a hot standby, huge input.
-run security tests/security/run.sh
+# The shared test cluster of PG_MAJOR (regress, isolation, completer), started on first use.
+TEST_CLUSTER=""
+test_cluster() {
+    [ "$TEST_CLUSTER" = "$PG_MAJOR" ] && return 0
+    local dir port
+    dir=$(dir_of test)
+    port=$(port_of test)
+    cluster_fresh "$dir" "$port" || return 1
+    TEST_CLUSTER=$PG_MAJOR
+    export PGHOST=$dir/socket PGPORT=$port PGUSER=postgres
+}
+stop_test_cluster() {
+    [ -n "$TEST_CLUSTER" ] && cluster_stop "$(dir_of test "$TEST_CLUSTER")"
+    TEST_CLUSTER=""
+}
+trap stop_test_cluster EXIT
 
-# The example HTTP service under real faults, and the client examples in other languages.
-run e2e tests/e2e/run.sh
-run client-examples tests/clients/run_examples.sh
+# --- the run -----------------------------------------------------------------------------
 
-# The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).
-bench_smoke() { bench/run.sh --smoke && echo "bench-smoke: 1 passed, 0 failed"; }
-run bench-smoke bench_smoke
+scripts/install-deps.sh || { echo "install-deps failed"; echo "total: 0 passed, 1 failed"; exit 1; }
+export PATH="$HOME/.cargo/bin:$PATH"
+mkdir -p "$LOGS"
+rm -rf "$LOGS"/*.log "$LOGS"/pg*/
 
-# Citus: coordinator and two workers; skipped with a message where Citus is not installed.
-run citus tests/citus/run.sh
+for name in "${NAMES[@]}"; do
+    is_wanted "$name" && [ "${WHERE[$name]}" = once ] && run "$name"
+done
+
+for major in "${majors[@]}"; do
+    use_major "$major" || { total_failed=$((total_failed + 1)); broken+=("PostgreSQL $major"); continue; }
+    echo
+    echo "==== PostgreSQL $PG_MAJOR ($PGBIN)"
+    for name in "${NAMES[@]}"; do
+        is_wanted "$name" || continue
+        case ${WHERE[$name]} in
+        once) continue ;;
+        each) ;;
+        "$PG_MAJOR") ;;
+        *) not_here "$name" " (pg$PG_MAJOR)" "it runs on PostgreSQL ${WHERE[$name]} only"; continue ;;
+        esac
+        case ${NEEDS[$name]} in
+        ext|cluster)
+            if ! install_extension_build; then
+                not_here "$name" " (pg$PG_MAJOR)" "the extension did not build or install (counted once, as install)"
+                continue
+            fi ;;
+        esac
+        if [ "${NEEDS[$name]}" = cluster ] && ! test_cluster; then
+            total_failed=$((total_failed + 1)); broken+=("$name (pg$PG_MAJOR): the test cluster did not start")
+            continue
+        fi
+        run "$name" "$PG_MAJOR"
+    done
+    stop_test_cluster
+done
 
 echo
+printf '%-18s %6s' "seconds" ""
+for major in "${majors[@]}"; do printf ' %6s' "pg$major"; done
+echo
+for name in install "${NAMES[@]}"; do
+    row=$(printf '%-18s %6s' "$name" "${DURATION[$name|]:-}")
+    for major in "${majors[@]}"; do row+=$(printf ' %6s' "${DURATION[$name|$major]:-}"); done
+    [[ $row =~ [0-9] ]] && echo "$row"
+done
+echo "wall clock: $((SECONDS - STARTED)) s"
 if [ ${#broken[@]} -gt 0 ]; then
     printf 'failed suite: %s\n' "${broken[@]}"
 fi
-echo "total: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+echo "total: $total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]

@@ -15,13 +15,14 @@ Sections:
                  in autocommit (delegated to the worker) and once inside a transaction
                  block (run on the coordinator, statements routed to the worker)
   null scope     a NULL scope gives 22004 from every scope-first function, as a literal and
-                 as a bound parameter, and the coordinator does not restart
+                 as a bound parameter, and the coordinator does not restart; the list of
+                 scope-first functions checked is the installed extension's (pg_proc)
   settings       session settings in both paths; ALTER ROLE ... SET reaches the workers
   concurrency    20 connections claim one key at once: exactly one claimed
   maintenance    idem_sweep / idem_sweep_all / idem_reclaim_stale across both workers, and
                  neither ever deletes or takes over a record that a claim is replacing
-  statements     the Citus-safe replacement statements (STATEMENTS below), run as prepared
-                 statements on both workers' data
+  repeated calls idem_sweep(1) / idem_reclaim_stale(1) over and over in one session (past
+                 the switch to generic plans): budget, every shard, the fence
 """
 
 import argparse
@@ -30,7 +31,6 @@ import time
 import uuid
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 passed = 0
@@ -42,68 +42,6 @@ NEEDS_REPLACEMENT = ("needs the Citus-safe sweep/reclaim statements: this build 
 NEEDS_GUARD = ("needs the NULL-scope guard (idempotency.idem_scope_support attached to the "
                "scope-first functions): without it distribute() does not delegate")
 
-# The statements handed over for idem_sweep and idem_reclaim_stale on distributed tables.
-# $n are the same parameters as the single-server statements in src/maintenance.rs.
-STATEMENTS = {
-    # $1 now, $2 max rows
-    "PICK_EXPIRED_KEYS": (
-        "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(key) "
-        "FROM (SELECT scope, key FROM idempotency.keys "
-        "WHERE expires_at OPERATOR(pg_catalog.<=) $1 "
-        "ORDER BY expires_at LIMIT $2) AS picked",
-        "timestamptz, bigint"),
-    # $1 scopes, $2 keys, $3 now
-    "DELETE_PICKED_KEYS": (
-        "DELETE FROM idempotency.keys AS t "
-        "USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) "
-        "WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) "
-        "AND t.scope OPERATOR(pg_catalog.=) picked.scope "
-        "AND t.key OPERATOR(pg_catalog.=) picked.id "
-        "AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-        "text[], text[], timestamptz"),
-    "PICK_EXPIRED_MESSAGES": (
-        "SELECT pg_catalog.array_agg(scope), pg_catalog.array_agg(message_id) "
-        "FROM (SELECT scope, message_id FROM idempotency.messages "
-        "WHERE expires_at OPERATOR(pg_catalog.<=) $1 "
-        "ORDER BY expires_at LIMIT $2) AS picked",
-        "timestamptz, bigint"),
-    "DELETE_PICKED_MESSAGES": (
-        "DELETE FROM idempotency.messages AS t "
-        "USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) "
-        "WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) "
-        "AND t.scope OPERATOR(pg_catalog.=) picked.scope "
-        "AND t.message_id OPERATOR(pg_catalog.=) picked.id "
-        "AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-        "text[], text[], timestamptz"),
-    # $1 now, $2 max rows
-    "STALE": (
-        "SELECT scope, key, token, attempts FROM idempotency.keys "
-        "WHERE status OPERATOR(pg_catalog.=) 'in_progress' "
-        "AND locked_until OPERATOR(pg_catalog.<=) $1 "
-        "AND expires_at OPERATOR(pg_catalog.>) $1 "
-        "ORDER BY locked_until LIMIT $2",
-        "timestamptz, bigint"),
-    # Unchanged from src/maintenance.rs (single-shard, fenced): listed so they are run here too.
-    "RELEASE_STALE": (
-        "DELETE FROM idempotency.keys "
-        "WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 "
-        "AND token OPERATOR(pg_catalog.=) $3 "
-        "AND status OPERATOR(pg_catalog.=) 'in_progress' "
-        "AND locked_until OPERATOR(pg_catalog.<=) $4 "
-        "AND expires_at OPERATOR(pg_catalog.>) $4 "
-        "RETURNING recovery_point, recovery_data",
-        "text, text, uuid, timestamptz"),
-    "TAKE_OVER_STALE": (
-        "UPDATE idempotency.keys SET token = $5, attempts = $6, locked_until = $7, updated_at = $4 "
-        "WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 "
-        "AND token OPERATOR(pg_catalog.=) $3 "
-        "AND status OPERATOR(pg_catalog.=) 'in_progress' "
-        "AND locked_until OPERATOR(pg_catalog.<=) $4 "
-        "AND expires_at OPERATOR(pg_catalog.>) $4 "
-        "RETURNING recovery_point, recovery_data",
-        "text, text, uuid, timestamptz, uuid, int, timestamptz"),
-}
-
 SCOPE_FIRST = {  # the scope-first functions, called with a scope of %s
     "idem_claim": "idempotency.idem_claim(%s, 'k')",
     "idem_complete": "idempotency.idem_complete(%s, 'k', '00000000-0000-0000-0000-000000000000', 200)",
@@ -112,6 +50,11 @@ SCOPE_FIRST = {  # the scope-first functions, called with a scope of %s
     "idem_lookup": "idempotency.idem_lookup(%s, 'k')",
     "idem_seen": "idempotency.idem_seen(%s, 'm')",
 }
+
+
+# The scope-first functions as the installed extension has them.
+SCOPE_FIRST_INSTALLED = ("SELECT DISTINCT p.proname FROM pg_proc p "
+                         "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope'")
 
 
 def check(name, ok, why="", needs=""):
@@ -134,18 +77,6 @@ def sqlstate_of(conn, sql, params=None):
         if isinstance(e, psycopg.OperationalError) and e.sqlstate is None:
             raise
         return e.sqlstate
-
-
-NOW = sql.SQL("now()")
-
-
-def run_prepared(conn, name, *args):
-    """EXECUTE name(args) with the arguments as literals: the statement was PREPAREd with
-    typed parameters, as SPI prepares the extension's statements (a utility EXECUTE cannot
-    take bound parameters)."""
-    call = sql.SQL("EXECUTE {}({})").format(
-        sql.Identifier(name), sql.SQL(", ").join(a if isinstance(a, sql.Composable) else sql.Literal(a) for a in args))
-    return conn.execute(call)
 
 
 def connect(conninfo, **kw):
@@ -336,6 +267,9 @@ def contract(cl, path):
 
 def null_scope(cl):
     c = cl.c
+    installed = sorted(r[0] for r in c.execute(SCOPE_FIRST_INSTALLED).fetchall())
+    check("every installed function whose first argument is scope is checked here (pg_proc)",
+          installed == sorted(SCOPE_FIRST), f"installed {installed}, checked {sorted(SCOPE_FIRST)}")
     started = c.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
     bad = []
     for name, expr in SCOPE_FIRST.items():
@@ -501,12 +435,12 @@ def maintenance(cl):
     race_with_claim(cl, "reclaim", "SELECT count(*) FROM idempotency.idem_reclaim_stale()")
 
 
-def race_with_claim(cl, what, maintenance_sql, statements=False):
+def race_with_claim(cl, what, maintenance_sql):
     """A claim replaces (sweep) or takes over (reclaim) a record inside an open transaction;
     the maintenance call runs meanwhile. It may wait for the claim (Citus) or skip the row,
     but the record must survive with the claim's token."""
     c = cl.c
-    s = cl.scope(f"race-{what}-{'stmt' if statements else 'fn'}")
+    s = cl.scope(f"race-{what}")
     if what == "sweep":
         c.execute("SELECT idempotency.idem_claim(%s, 'r', ttl => '1 ms')", (s,))
     else:
@@ -522,11 +456,8 @@ def race_with_claim(cl, what, maintenance_sql, statements=False):
 
         def run():
             try:
-                if statements:
-                    result["value"] = maintenance_sql(b)
-                else:
-                    b.execute("SET lock_timeout = '20s'")
-                    result["value"] = b.execute(maintenance_sql).fetchone()
+                b.execute("SET lock_timeout = '20s'")
+                result["value"] = b.execute(maintenance_sql).fetchone()
             except Exception as e:  # noqa: BLE001
                 result["error"] = e
 
@@ -537,13 +468,12 @@ def race_with_claim(cl, what, maintenance_sql, statements=False):
         a.execute("COMMIT")
         t.join(30)
         row = c.execute("SELECT token, status FROM idempotency.keys WHERE scope = %s AND key = 'r'", (s,)).fetchone()
-        name = (f"{'statements' if statements else 'idem_' + ('sweep' if what == 'sweep' else 'reclaim_stale')}"
+        name = (f"{'idem_sweep' if what == 'sweep' else 'idem_reclaim_stale'}"
                 f" during a claim {'replacing an expired' if what == 'sweep' else 'taking over a stale'} record "
                 f"({'waited for it' if waited else 'did not wait'}): the claim keeps it")
         if "error" in result:
             e = result["error"]
-            check(name, False, f"{getattr(e, 'sqlstate', '')}: {e}".strip(),
-                  "" if statements else NEEDS_REPLACEMENT)
+            check(name, False, f"{getattr(e, 'sqlstate', '')}: {e}".strip(), NEEDS_REPLACEMENT)
         else:
             check(name, o == expected and row == (tok, "in_progress"), f"claim said {o}, record now {row}")
     finally:
@@ -551,97 +481,63 @@ def race_with_claim(cl, what, maintenance_sql, statements=False):
         b.close()
 
 
-def statements(cl):
-    """The replacement statements, prepared and executed more than five times (so that a
-    generic plan would be tried) on rows held by both workers."""
+def repeated(cl):
+    """idem_sweep(1) and idem_reclaim_stale(1) called over and over in one fresh session, on
+    rows held by both workers. The extension keeps its statements prepared per backend, and
+    after five runs PostgreSQL may switch a statement to its generic plan: each call must
+    still find the rows of every shard, take exactly its budget, and keep the fence."""
     c = cl.c
-    for name, (text, types) in STATEMENTS.items():
-        c.execute(f"PREPARE {name.lower()}({types}) AS {text}")
-    on = cl.scopes_on_each_worker("stmt", 4)
+    on = cl.scopes_on_each_worker("rep", 4)
     scopes = [s for v in on.values() for s in v]
+    old = {}
     for s in scopes:
         c.execute("SELECT idempotency.idem_claim(%s, 'old', ttl => '1 ms')", (s,))
         c.execute("SELECT idempotency.idem_seen(%s, 'old', ttl => '1 ms')", (s,))
-        c.execute("SELECT idempotency.idem_claim(%s, 'stale', lease => '1 ms')", (s,))
+        old[s] = c.execute("SELECT token FROM idempotency.idem_claim(%s, 'stale', lease => '1 ms')", (s,)).fetchone()[0]
         c.execute("SELECT idempotency.idem_claim(%s, 'live')", (s,))
     time.sleep(0.05)
-    # Other expired rows (from other sections) may exist: the budget is what is checked.
-    deleted_keys = deleted_msgs = 0
-    for _ in range(8):
-        with c.transaction():
-            scs, ids = run_prepared(c, "pick_expired_keys", NOW, 1).fetchone()
-            if scs:
-                deleted_keys += run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount
-            scs, ids = run_prepared(c, "pick_expired_messages", NOW, 1).fetchone()
-            if scs:
-                deleted_msgs += run_prepared(c, "delete_picked_messages", scs, ids, NOW).rowcount
-    check("PICK_EXPIRED_* + DELETE_PICKED_*: one row per batch, 8 batches, on keys and messages",
-          (deleted_keys, deleted_msgs) == (8, 8), f"deleted {deleted_keys} keys, {deleted_msgs} messages")
-    with c.transaction():
-        scs, ids = run_prepared(c, "pick_expired_keys", NOW, 100000).fetchone()
-        n = run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount if scs else 0
-        scs, ids = run_prepared(c, "pick_expired_messages", NOW, 100000).fetchone()
-        m = run_prepared(c, "delete_picked_messages", scs, ids, NOW).rowcount if scs else 0
-    left = c.execute("SELECT (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now()) + "
-                     "(SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())").fetchone()[0]
-    live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key IN ('live', 'stale')", (scopes,)).fetchone()[0]
-    check("a large batch deletes every remaining expired row on both workers, and only those",
-          left == 0 and live == 2 * len(scopes) and n >= 0 and m >= 0, f"{left} expired left, {live} live of {2 * len(scopes)}")
-    # A picked row that a claim replaced meanwhile is not deleted (the re-check).
-    s = scopes[0]
-    c.execute("SELECT idempotency.idem_claim(%s, 'again', ttl => '1 ms')", (s,))
-    time.sleep(0.05)
-    scs, ids = run_prepared(c, "pick_expired_keys", NOW, 100000).fetchone()
-    c.execute("SELECT idempotency.idem_claim(%s, 'again')", (s,))  # replaces it, committed
-    n = run_prepared(c, "delete_picked_keys", scs, ids, NOW).rowcount
-    r = c.execute("SELECT status FROM idempotency.keys WHERE scope = %s AND key = 'again'", (s,)).fetchone()
-    check("DELETE_PICKED_KEYS re-checks expiry: a picked record replaced since is kept", n == 0 and r == ("in_progress",),
-          f"deleted {n}, record {r}")
+    expired_sql = ("SELECT (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now()) + "
+                   "(SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())")
+    backlog = c.execute(expired_sql).fetchone()[0]   # other sections' leftovers count too
 
-    stale = run_prepared(c, "stale", NOW, 100000).fetchall()
-    mine = sorted(r[0] for r in stale if r[0] in scopes)
-    check("STALE finds the stale claims on both workers", mine == sorted(scopes), f"{mine}")
-    stale = [r for r in stale if r[0] in scopes]
-    half = len(stale) // 2
-    moved = released = 0
-    for i, (sc, key, tok, attempts) in enumerate(stale):
-        with c.transaction():
-            if i < half:
-                moved += len(run_prepared(c, "take_over_stale", sc, key, tok, NOW, uuid.uuid4(), attempts + 1,
-                                          sql.SQL("now() + interval '5 min'")).fetchall())
-            else:
-                released += len(run_prepared(c, "release_stale", sc, key, tok, NOW).fetchall())
-    check("TAKE_OVER_STALE / RELEASE_STALE act on every picked claim", (moved, released) == (half, len(stale) - half),
-          f"took over {moved}, released {released}")
-    # Fenced: the old token no longer matches.
-    sc, key, tok, attempts = stale[0]
-    n = len(run_prepared(c, "release_stale", sc, key, tok, NOW).fetchall())
-    check("RELEASE_STALE with a token that was taken over touches nothing", n == 0, f"{n} rows")
+    with connect(cl.coord_info) as fresh:
+        try:
+            swept = []
+            while len(swept) <= backlog + 1:
+                swept.append(fresh.execute("SELECT idempotency.idem_sweep(1)").fetchone()[0])
+                if swept[-1] == 0:
+                    break
+            check(f"idem_sweep(1) called {len(swept)} times in one session: one row each, "
+                  f"until the {backlog} expired rows of both workers are gone",
+                  backlog >= 2 * len(scopes) and swept == [1] * backlog + [0], f"{swept}")
+            left = c.execute(expired_sql).fetchone()[0]
+            live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key IN ('live', 'stale')",
+                             (scopes,)).fetchone()[0]
+            check("... no expired row left on either worker, every live record kept",
+                  left == 0 and live == 2 * len(scopes), f"{left} expired left, {live} live of {2 * len(scopes)}")
+        except psycopg.errors.DatabaseError as e:
+            check("idem_sweep(1) over and over across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
 
-    race_with_claim_statements(cl)
-    for name in STATEMENTS:
-        c.execute(f"DEALLOCATE {name.lower()}")
-
-
-def race_with_claim_statements(cl):
-    def prepare(conn):
-        for name, (text, types) in STATEMENTS.items():
-            conn.execute(f"PREPARE {name.lower()}({types}) AS {text}")
-
-    def sweep(conn):
-        prepare(conn)
-        with conn.transaction():
-            scs, ids = run_prepared(conn, "pick_expired_keys", NOW, 100000).fetchone()
-            return (run_prepared(conn, "delete_picked_keys", scs, ids, NOW).rowcount if scs else 0,)
-
-    def reclaim(conn):
-        prepare(conn)
-        with conn.transaction():
-            rows = run_prepared(conn, "stale", NOW, 100000).fetchall()
-            return (sum(len(run_prepared(conn, "release_stale", *r[:3], NOW).fetchall()) for r in rows),)
-
-    race_with_claim(cl, "sweep", sweep, statements=True)
-    race_with_claim(cl, "reclaim", reclaim, statements=True)
+        try:
+            taken = []
+            for _ in range(100):
+                rows = fresh.execute("SELECT scope, key, token FROM idempotency.idem_reclaim_stale(1, release => false)").fetchall()
+                taken.append(rows)
+                if not rows:
+                    break
+            mine = sorted(r[0] for rows in taken for r in rows if r[0] in old and r[1] == "stale")
+            check(f"idem_reclaim_stale(1, release => false) called {len(taken)} times in one session: at most one "
+                  "claim each, the stale claims of both workers taken over",
+                  all(len(rows) <= 1 for rows in taken) and not taken[-1] and mine == sorted(scopes)
+                  and len(taken) > 6, f"{[len(rows) for rows in taken]}, mine {mine}")
+            new = {r[0]: r[2] for rows in taken for r in rows if r[0] in old and r[1] == "stale"}
+            s = scopes[0]
+            fenced = c.execute("SELECT idempotency.idem_release(%s, 'stale', %s)", (s, old[s])).fetchone()[0]
+            owner = c.execute("SELECT idempotency.idem_release(%s, 'stale', %s)", (s, new.get(s))).fetchone()[0]
+            check("the token a takeover replaced is fenced (idem_release: false), the new one owns the claim (true)",
+                  (fenced, owner) == (False, True), f"old token: {fenced}, new token: {owner}")
+        except psycopg.errors.DatabaseError as e:
+            check("idem_reclaim_stale(1) over and over across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
 
 
 def misc(cl):
@@ -669,7 +565,7 @@ def main():
     cl = Cluster(args.coordinator, args.worker)
     sections = [("distribution", distribution), ("contract autocommit", lambda x: contract(x, "autocommit")),
                 ("contract transaction", lambda x: contract(x, "transaction")), ("settings", settings),
-                ("concurrency", concurrency), ("statements", statements), ("maintenance", maintenance),
+                ("concurrency", concurrency), ("repeated calls", repeated), ("maintenance", maintenance),
                 ("misc", misc), ("null scope", null_scope)]
     for name, fn in sections:
         print(f"-- {name}", flush=True)

@@ -8,45 +8,29 @@
 # CITUS_TEST_SETUP_SQL=FILE runs FILE on every node right after CREATE EXTENSION (to try a
 # change to the extension's SQL before it is built).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-DIR=${1:-/tmp/idempotency-citus}
-PORT=${2:-55475}
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-passed=0
-failed=0
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT"
+DIR=${1:-$(dir_of citus)}
+PORT=${2:-$(port_of citus)}
 
-finish() {
-    echo "citus: $passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit
-}
+end_suite() { finish citus; exit; }
 
-control="$("$PG_CONFIG" --sharedir)/extension/citus.control"
+control="$("$PGBIN/pg_config" --sharedir)/extension/citus.control"
 if [ ! -f "$control" ]; then
-    echo "citus: skipped: Citus is not installed here ($control not found)."
-    echo "       Build it from source into this PostgreSQL to run these checks (README, Scaling out with Citus)."
-    finish
+    echo "citus: skipped on PostgreSQL $PG_MAJOR: Citus is not installed here ($control not found)."
+    echo "       Citus is not a Debian package: build it from source into this PostgreSQL to run these checks (docs: Scaling out with Citus)."
+    end_suite
 fi
 
-check() { # check NAME EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then
-        passed=$((passed + 1)); echo "ok   $1"
-    else
-        failed=$((failed + 1)); echo "FAIL $1: expected '$2', got '$3'"
-    fi
-}
-
 NODES=(coordinator worker1 worker2)
-stop_all() { for n in "${NODES[@]}"; do scripts/cluster.sh stop "$DIR/$n"; done; }
+stop_all() { for n in "${NODES[@]}"; do cluster_stop "$DIR/$n"; done; }
 stop_all
 rm -rf "$DIR"
 for i in 0 1 2; do
-    if ! scripts/cluster.sh start "$DIR/${NODES[$i]}" $((PORT + i)) "shared_preload_libraries = 'citus'"; then
-        echo "FAIL starting ${NODES[$i]} (see $DIR/${NODES[$i]}/server.log)"
-        failed=$((failed + 1))
+    if ! cluster_start "$DIR/${NODES[$i]}" $((PORT + i)) "shared_preload_libraries = 'citus'"; then
+        fail "starting ${NODES[$i]}" "see $DIR/${NODES[$i]}/server.log"
         stop_all
-        finish
+        end_suite
     fi
 done
 trap stop_all EXIT
@@ -64,7 +48,7 @@ sqlstate() { # sqlstate NODE_INDEX DB SQL: the SQLSTATE of the error SQL raises,
 
 setup_ok=true
 for i in 0 1 2; do
-    q "$i" -c "CREATE EXTENSION citus" -c "CREATE EXTENSION idempotency" || setup_ok=false
+    { q "$i" -c "CREATE EXTENSION citus" && install_extension postgres -h "$DIR/${NODES[$i]}/socket" -p $((PORT + i)) -U postgres; } || setup_ok=false
     if [ -n "${CITUS_TEST_SETUP_SQL:-}" ]; then
         q "$i" -f "$CITUS_TEST_SETUP_SQL" || setup_ok=false
     fi
@@ -73,7 +57,7 @@ q 0 -c "SELECT citus_set_coordinator_host('127.0.0.1', $PORT)" \
     -c "SELECT citus_add_node('127.0.0.1', $((PORT + 1)))" \
     -c "SELECT citus_add_node('127.0.0.1', $((PORT + 2)))" >/dev/null || setup_ok=false
 check "coordinator and two workers up, extension on each" true "$setup_ok"
-$setup_ok || finish
+$setup_ok || end_suite
 
 # A build made before sql/citus.sql was part of the install script has no distribute():
 # create it from the repository so that the rest can run.
@@ -105,7 +89,6 @@ summary=$(grep -E '^summary passed=[0-9]+ failed=[0-9]+$' "$DIR/check.log" | tai
 if [[ $summary =~ passed=([0-9]+)\ failed=([0-9]+) ]]; then
     passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
 else
-    echo "FAIL check.py did not finish"
-    failed=$((failed + 1))
+    fail "check.py did not finish"
 fi
-finish
+end_suite

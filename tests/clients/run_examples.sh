@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # Runs the client examples in examples/clients/ (Python, Node, Rust) against a throwaway
-# PostgreSQL cluster with the extension. The Go example is not run here (no Go toolchain on
-# these machines). Needs the extension installed into the system PostgreSQL 15, /usr/bin/python3
-# with psycopg 3, node + npm, cargo; npm ci and cargo fetch from their registries.
-#   tests/clients/run_examples.sh [PORT]      (default port 55445)
+# PostgreSQL cluster of PG_MAJOR (15 or 18) with the extension. The Go example is not run here
+# (no Go toolchain on these machines). Needs the extension installed into that PostgreSQL,
+# /usr/bin/python3 with psycopg 3, node + npm, cargo; npm ci and cargo fetch from their registries.
+#   tests/clients/run_examples.sh [PORT]      (default: tests/lib.sh's "examples" port)
 # Last line: "examples: N passed, M failed"; the exit code is non-zero if anything failed.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-port=${1:-${EXAMPLES_PORT:-55445}}
-dir=/tmp/idem-examples-$$
+. "$(dirname "$0")/../lib.sh" || exit 2
+root=$ROOT
+port=${1:-${EXAMPLES_PORT:-$(port_of examples)}}
+dir=$(dir_of examples)
 ex="$root/examples/clients"
-passed=0
-failed=0
 
 cleanup() {
-    "$root/scripts/cluster.sh" stop "$dir" || true
+    cluster_stop "$dir"
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -25,8 +24,7 @@ tally() {
     local lang=$1 log=$2 rc=$3 line p f
     line=$(grep -E "^$lang: [0-9]+ passed, [0-9]+ failed$" "$log" | tail -1)
     if [ -z "$line" ]; then
-        echo "FAIL $lang: no result line (exit code $rc)"
-        failed=$((failed + 1))
+        fail "$lang" "no result line (exit code $rc)"
         return
     fi
     p=$(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")
@@ -42,24 +40,22 @@ tally() {
 # Build first, so the cluster is not kept waiting.
 echo "== node: npm ci"
 if ! (cd "$ex/node" && timeout 600 npm ci --no-audit --no-fund); then
-    echo "FAIL node: npm ci"
-    failed=$((failed + 1))
+    fail "node: npm ci"
     node_ok=0
 else
     node_ok=1
 fi
 echo "== rust: cargo build"
 if ! timeout 900 cargo build --locked --quiet --manifest-path "$ex/rust/Cargo.toml" --target-dir "$ex/rust/target"; then
-    echo "FAIL rust: cargo build"
-    failed=$((failed + 1))
+    fail "rust: cargo build"
     rust_ok=0
 else
     rust_ok=1
 fi
 
-"$root/scripts/cluster.sh" start "$dir" "$port" || { echo "examples: 0 passed, 1 failed"; exit 1; }
-psql -X -q -h "$dir/socket" -p "$port" -U postgres -d postgres -c "CREATE EXTENSION idempotency" ||
-    { echo "examples: 0 passed, 1 failed"; exit 1; }
+cluster_fresh "$dir" "$port" || { fail "start PostgreSQL $PG_MAJOR"; finish examples; exit 1; }
+install_extension postgres -h "$dir/socket" -p "$port" -U postgres ||
+    { fail "install the extension"; finish examples; exit 1; }
 export DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
 log=$(mktemp)
 
@@ -80,5 +76,4 @@ if [ "$rust_ok" = 1 ]; then
 fi
 rm -f "$log"
 
-echo "examples: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+finish examples

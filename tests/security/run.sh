@@ -12,54 +12,30 @@
 #   tests/security/run.sh            every section
 #   tests/security/run.sh rls dump   some of them (privileges rls search_path dump standby limits)
 #
-# Starts its own clusters (ports 55450-55452, data under $SEC_DIR, default
-# /tmp/idempotency-security), removes them afterwards (SEC_KEEP=1 keeps them), prints one
+# Starts its own clusters of PG_MAJOR (15 or 18; ports: tests/lib.sh's "security" row, data
+# under $SEC_DIR, default /tmp/idempotency-security[-pg18]), removes them afterwards (SEC_KEEP=1 keeps them), prints one
 # line per check and ends with "security: N passed, M failed"; exits 1 on any failure.
 # The whole run is bounded by SEC_TIMEOUT seconds (default 1200), each psql by 300 s.
 set -uo pipefail
-unset RUST_BACKTRACE RUST_LIB_BACKTRACE
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
+# check, ok, fail, skip, finish, as_postgres, cluster_start/stop, port_of; PGBIN (first on PATH,
+# so pg_dump, pg_restore and pg_basebackup are PG_MAJOR's own).
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT"
 HERE=$ROOT/tests/security
-SEC_DIR=${SEC_DIR:-/tmp/idempotency-security}
+SEC_DIR=${SEC_DIR:-$(dir_of security)}
 MAIN=$SEC_DIR/main
-MAIN_PORT=55450
+MAIN_PORT=$(port_of security)
 PRIMARY=$SEC_DIR/primary
-PRIMARY_PORT=55451
+PRIMARY_PORT=$((MAIN_PORT + 1))
 STANDBY=$SEC_DIR/standby
-STANDBY_PORT=55452
-PGBIN=/usr/lib/postgresql/15/bin
-export PATH="$PGBIN:$PATH"
+STANDBY_PORT=$((MAIN_PORT + 2))
 LOG=$SEC_DIR/psql-errors.log
 PSQL_TIMEOUT=300
-passed=0
-failed=0
-skipped=0
 BACKGROUND=()
-
-# --- reporting ---------------------------------------------------------------------------
-
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-fail() { failed=$((failed + 1)); echo "FAIL $1${2:+: $2}"; }
-skip() { skipped=$((skipped + 1)); echo "skip $1${2:+: $2}"; }
-
-# check NAME EXPECTED ACTUAL
-check() {
-    if [ "$2" = "$3" ]; then ok "$1"; else fail "$1" "expected '$2', got '$3'"; fi
-}
-
-# check_match NAME EXTENDED-REGEX ACTUAL
-check_match() {
-    if [[ $3 =~ $2 ]]; then ok "$1"; else fail "$1" "expected /$2/, got '$3'"; fi
-}
 
 section() { echo; echo "== $1"; }
 
 # --- clusters and SQL --------------------------------------------------------------------
-
-# From /, which the postgres user can enter: the work tree may be a root-only folder, and
-# PostgreSQL's tools warn when they cannot change to their working directory.
-as_postgres() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 
 # psql_at DIR PORT ROLE DB [psql args...]: tuples only, unaligned, errors to stderr.
 psql_at() {
@@ -97,27 +73,19 @@ crash_lines() { # crash_lines LOGFILE
     grep -E "terminated by signal|was terminated by|PANIC|server process .* exited with exit code [^0]| XX000 " "$1" 2>/dev/null | grep -vc "^$" || true
 }
 
-# start_cluster DIR PORT [conf lines...]: initdb (first time) and start. Our ports lie in
-# Linux's ephemeral range, so a client connection elsewhere on the machine can hold one for
-# a moment ("could not bind"): up to three tries, two seconds apart.
+# start_cluster DIR PORT [conf lines...]: initdb (first time) and start, logging what the
+# crash check below reads.
 start_cluster() {
-    local dir=$1 port=$2 try
+    local dir=$1 port=$2
     shift 2
-    for try in 1 2 3; do
-        "$ROOT/scripts/cluster.sh" start "$dir" "$port" \
-            "log_line_prefix = '%m [%p] %e app=%a '" "log_min_messages = warning" "$@" && return 0
-        echo "start of $dir failed (try $try); its log says:"
-        tail -n 5 "$dir/server.log" 2>/dev/null
-        sleep 2
-    done
-    return 1
+    cluster_start "$dir" "$port" "log_line_prefix = '%m [%p] %e app=%a '" "log_min_messages = warning" "$@"
 }
 
 stop_all() {
     local pid
     for pid in "${BACKGROUND[@]}"; do kill "$pid" 2>/dev/null; done
     for dir in "$STANDBY" "$PRIMARY" "$MAIN"; do
-        [ -d "$dir" ] && "$ROOT/scripts/cluster.sh" stop "$dir" >/dev/null 2>&1
+        [ -d "$dir" ] && cluster_stop "$dir"
     done
 }
 
@@ -145,7 +113,7 @@ chmod 755 "$SEC_DIR"
 : >"$LOG"
 
 trap 'cleanup' EXIT
-trap 'fail "the run" "interrupted or out of time (SEC_TIMEOUT=${SEC_TIMEOUT:-1200} s)"; echo "security: $passed passed, $failed failed"; exit 1' INT TERM
+trap 'fail "the run" "interrupted or out of time (SEC_TIMEOUT=${SEC_TIMEOUT:-1200} s)"; finish security; exit 1' INT TERM
 # The watchdog: TERM to this script after SEC_TIMEOUT seconds. Its sleep is its own child,
 # killed with it, and it holds none of our output open.
 (
@@ -155,9 +123,10 @@ trap 'fail "the run" "interrupted or out of time (SEC_TIMEOUT=${SEC_TIMEOUT:-120
 ) >/dev/null 2>&1 &
 WATCHDOG=$!
 
-if [ ! -f /usr/share/postgresql/15/extension/idempotency.control ]; then
-    echo "the extension is not installed: cargo pgrx install --release --pg-config $PGBIN/pg_config"
-    echo "security: 0 passed, 1 failed"
+echo "PostgreSQL $PG_MAJOR: $PGBIN"
+if ! extension_installed; then
+    fail "the extension is installed into PostgreSQL $PG_MAJOR" "cargo pgrx install --release --pg-config $PGBIN/pg_config"
+    finish security
     exit 1
 fi
 
@@ -167,7 +136,8 @@ cron_conf=()
 [ $HAVE_CRON = 1 ] && cron_conf=("shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'")
 if ! start_cluster "$MAIN" "$MAIN_PORT" "${cron_conf[@]}" >"$SEC_DIR/start-main.log" 2>&1; then
     cat "$SEC_DIR/start-main.log" "$MAIN/server.log" 2>/dev/null
-    echo "security: 0 passed, 1 failed"
+    fail "start the main cluster"
+    finish security
     exit 1
 fi
 
@@ -188,7 +158,7 @@ SQL
 # newdb NAME [OWNER]: a fresh database with the extension.
 newdb() {
     sql postgres postgres -c "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1 OWNER ${2:-postgres}"
-    sql postgres "$1" -c "CREATE EXTENSION idempotency"
+    install_extension "$1" -h "$MAIN/socket" -p "$MAIN_PORT" -U postgres 2>>"$LOG"
 }
 
 for s in privileges rls search_path dump standby limits; do
@@ -207,6 +177,4 @@ if [ "$failed" -gt 0 ] && [ -s "$LOG" ]; then
     echo "(psql errors of the run, last 30 lines, from $LOG)"
     tail -n 30 "$LOG"
 fi
-[ "$skipped" -gt 0 ] && echo "($skipped checks skipped)"
-echo "security: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish security

@@ -41,7 +41,8 @@ import time
 
 import psycopg
 
-PG_CTL = "/usr/lib/postgresql/15/bin/pg_ctl"
+# The server's own pg_ctl: --bindir, else $PGBIN (tests/lib.sh exports it), else Debian's 15.
+DEFAULT_BINDIR = os.environ.get("PGBIN") or "/usr/lib/postgresql/15/bin"
 
 LEASE = "2 seconds"          # committed-first claims and takeovers by the completer
 LEASE_S = 2.0
@@ -394,7 +395,7 @@ class Run:
     # ---- the crash ----------------------------------------------------------------------
 
     def pg_ctl(self, *args):
-        cmd = [PG_CTL, "-D", self.datadir, *args]
+        cmd = [os.path.join(self.bindir, "pg_ctl"), "-D", self.datadir, *args]
         if os.geteuid() == 0:
             owner = pwd.getpwuid(os.stat(self.datadir).st_uid).pw_name
             cmd = ["runuser", "-u", owner, "--"] + cmd
@@ -665,6 +666,8 @@ def main():
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--datadir", required=True, help="the server's data directory (crashed once)")
     p.add_argument("--logfile", help="server log for pg_ctl start (default: DATADIR/../server.log)")
+    p.add_argument("--bindir", default=DEFAULT_BINDIR,
+                   help="the server's bin directory, for pg_ctl (default: $PGBIN, else Debian's PostgreSQL 15)")
     p.add_argument("--dbname", default=os.environ.get("PGDATABASE", "postgres"))
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--sessions", type=int, default=32)
@@ -675,6 +678,9 @@ def main():
     args.datadir = data_directory(args.datadir)
 
     run = Run(args)
+    run.bindir = args.bindir
+    if not os.access(os.path.join(run.bindir, "pg_ctl"), os.X_OK):
+        sys.exit(f"stress: no pg_ctl in {run.bindir} (--bindir)")
     run.logfile = args.logfile or os.path.join(os.path.dirname(os.path.abspath(args.datadir)), "server.log")
     # A last resort against a hang: everything has its own bound well inside this one.
     watchdog = threading.Timer(args.seconds + LEASE_S + RECOVERY_SECONDS + 300,

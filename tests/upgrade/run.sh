@@ -8,28 +8,26 @@
 #   2. Every older released version is installed from its frozen script, with live data, then
 #      ALTER EXTENSION idempotency UPDATE: the result must match a fresh install of the current
 #      version object for object (tests/upgrade/describe.sql), and keep the data.
-# Needs the current version installed (cargo pgrx install). Last line: "upgrade: N passed, M failed".
+# Needs the current version installed into PG_MAJOR (15 or 18; cargo pgrx install).
+# Last line: "upgrade: N passed, M failed".
 #   tests/upgrade/run.sh [DIR] [PORT]
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-DIR=${1:-/tmp/idempotency-upgrade}
-PORT=${2:-54333}
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-EXTDIR="$("$PG_CONFIG" --sharedir)/extension"
-current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-passed=0
-failed=0
-check() { # check NAME EXPECTED ACTUAL
-    if [ "$2" = "$3" ]; then passed=$((passed + 1)); echo "ok   $1"
-    else failed=$((failed + 1)); echo "FAIL $1"; diff <(echo "$2") <(echo "$3") | head -40; fi
-}
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT"
+DIR=${1:-$(dir_of upgrade)}
+PORT=${2:-$(port_of upgrade)}
+EXTDIR="$("$PGBIN/pg_config" --sharedir)/extension"
+current=$(extension_version)
 
-scripts/cluster.sh stop "$DIR"
-rm -rf "$DIR"
-scripts/cluster.sh start "$DIR" "$PORT"
+if ! extension_installed; then
+    fail "the extension is installed into PostgreSQL $PG_MAJOR ($EXTDIR)"
+    finish upgrade
+    exit
+fi
+cluster_fresh "$DIR" "$PORT" || { fail "start the cluster"; finish upgrade; exit; }
 copied=()
 cleanup() {
-    scripts/cluster.sh stop "$DIR"
+    cluster_stop "$DIR"
     for f in "${copied[@]}"; do rm -f "$f"; done
 }
 trap cleanup EXIT
@@ -70,5 +68,4 @@ for frozen in sql/releases/idempotency--*.sql; do
     fi
 done
 
-echo "upgrade: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish upgrade

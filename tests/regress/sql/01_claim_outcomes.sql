@@ -1,28 +1,5 @@
 -- idem_claim and its five outcomes: claimed, in_progress, mismatch, replay, reclaimed.
 -- Tokens and timestamps depend on the clock, so they are shown as true/false checks.
-CREATE EXTENSION idempotency;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
 
 -- The first request with a key claims it: the caller now owns an in_progress record and
 -- holds its token; http_status is NULL (run the operation). By default the record lives
@@ -114,8 +91,8 @@ SELECT token AS job_tok2 FROM idempotency.keys WHERE scope = 'acct_42' AND key =
 SELECT outcome, http_status, attempts FROM idempotency.idem_claim('acct_42', 'job-1', 'fp-J');
 
 -- Fencing: the old owner wakes up. Its token can no longer complete or checkpoint (IK002) ...
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('acct_42', 'job-1', %L, 201) $$, :'job_tok1'));
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_checkpoint('acct_42', 'job-1', %L, 'shipped') $$, :'job_tok1'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('acct_42', 'job-1', %L, 201) $$, :'job_tok1'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_checkpoint('acct_42', 'job-1', %L, 'shipped') $$, :'job_tok1'));
 -- ... and cannot release the new owner's claim: idem_release answers false.
 SELECT idempotency.idem_release('acct_42', 'job-1', :'job_tok1') AS released;
 -- The new owner finishes; retries replay its response.

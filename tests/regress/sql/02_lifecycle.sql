@@ -1,30 +1,5 @@
 -- What the owner of a claim does with it: idem_complete, idem_checkpoint, idem_release;
 -- and idem_lookup, which reads the live record.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
 
 -- A token that never owned anything.
 \set stranger '00000000-0000-4000-8000-000000000000'
@@ -33,9 +8,9 @@ END $$;
 SELECT count(*) AS records FROM idempotency.idem_lookup('life', 'k1');
 
 -- idem_complete raises IK001 when the key has no live record: never claimed ...
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 200) $$, :'stranger'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 200) $$, :'stranger'));
 -- ... and so does idem_checkpoint.
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-1') $$, :'stranger'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-1') $$, :'stranger'));
 
 -- Claim k1. idem_lookup now returns the live record, a row of idempotency.keys.
 SELECT outcome AS outcome, token AS tok FROM idempotency.idem_claim('life', 'k1', 'fp-1') \gset
@@ -46,8 +21,8 @@ SELECT scope, key, fingerprint, status, token = :'tok' AS same_token, attempts,
   FROM idempotency.idem_lookup('life', 'k1');
 
 -- A wrong token cannot complete, checkpoint or release the claim: IK002, or false.
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 200) $$, :'stranger'));
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-1') $$, :'stranger'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 200) $$, :'stranger'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-1') $$, :'stranger'));
 SELECT idempotency.idem_release('life', 'k1', :'stranger') AS released;
 -- With default verbosity psql shows the error's DETAIL and HINT as well:
 SELECT idempotency.idem_complete('life', 'k1', :'stranger', 200);
@@ -78,8 +53,8 @@ SELECT status, locked_until, response_status, response_headers, response_body, r
   FROM idempotency.idem_lookup('life', 'k1');
 
 -- Completing twice is IK003; a checkpoint after completion is IK003 too.
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 201) $$, :'tok'));
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-3') $$, :'tok'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k1', %L, 201) $$, :'tok'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k1', %L, 'step-3') $$, :'tok'));
 -- A completed record cannot be released: false, and it is still there.
 SELECT idempotency.idem_release('life', 'k1', :'tok') AS released;
 SELECT status FROM idempotency.idem_lookup('life', 'k1');
@@ -91,11 +66,11 @@ SELECT idempotency.idem_release('life', 'k2', :'tok2') AS released;
 SELECT idempotency.idem_release('life', 'k2', :'tok2') AS released_again;
 SELECT count(*) AS records FROM idempotency.idem_lookup('life', 'k2');
 -- The released token can no longer complete: there is no live record (IK001).
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k2', %L, 200) $$, :'tok2'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k2', %L, 200) $$, :'tok2'));
 -- The next request with the key runs as new, even with another fingerprint: claimed, attempts 1.
 SELECT outcome, attempts, token <> :'tok2' AS new_token FROM idempotency.idem_claim('life', 'k2', 'fp-other');
 -- The old token does not own the new claim: IK002.
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k2', %L, 200) $$, :'tok2'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k2', %L, 200) $$, :'tok2'));
 
 -- An owner whose lease ended can still complete, as long as nobody took the claim over.
 BEGIN;
@@ -115,6 +90,6 @@ SELECT pg_sleep(0.1);
 SELECT count(*) AS records FROM idempotency.idem_lookup('life', 'k4');
 SELECT count(*) AS rows_in_table FROM idempotency.keys WHERE scope = 'life' AND key = 'k4';
 -- ... its token can neither complete nor checkpoint it (IK001), nor release it (false).
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('life', 'k4', %L, 200) $$, :'tok4'));
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k4', %L, 'step-1') $$, :'tok4'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('life', 'k4', %L, 200) $$, :'tok4'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_checkpoint('life', 'k4', %L, 'step-1') $$, :'tok4'));
 SELECT idempotency.idem_release('life', 'k4', :'tok4') AS released;

@@ -2,31 +2,6 @@
 -- idem_lookup, write nothing and take no transaction id. Each case runs inside
 -- BEGIN ... COMMIT and then asks txid_current_if_assigned(), which stays NULL until the
 -- transaction writes or locks a row (so NULL also shows that no row was locked).
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
 
 -- Setup, outside the transactions under test: a completed key and an in_progress key.
 SELECT token AS tok FROM idempotency.idem_claim('noxid', 'done', 'fp-1') \gset
@@ -74,7 +49,7 @@ COMMIT;
 
 -- ... but a claim that has to write cannot run there: PostgreSQL's own error (25006).
 BEGIN READ ONLY;
-SELECT * FROM pg_temp.try($$ SELECT idempotency.idem_claim('noxid', 'new', 'fp-1') $$);
+SELECT * FROM fixture.try($$ SELECT idempotency.idem_claim('noxid', 'new', 'fp-1') $$);
 ROLLBACK;
 
 -- A claimed answer writes the record, and so takes a transaction id.

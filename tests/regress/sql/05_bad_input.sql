@@ -1,34 +1,5 @@
 -- Bad input. Every function names the bad argument in its message, with SQLSTATE 22004
 -- for a NULL where a value is required and 22023 for a bad value, and writes nothing.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
--- Test helper: runs (label, statement) pairs through pg_temp.try, one row per case, in order.
-CREATE FUNCTION pg_temp.cases(VARIADIC c text[]) RETURNS TABLE(case_ text, sqlstate text, message text, unchanged boolean)
-LANGUAGE sql AS $$
-    SELECT c[i], t.* FROM generate_subscripts(c, 1) AS i, pg_temp.try(c[i + 1]) AS t WHERE i % 2 = 1 ORDER BY i $$;
 
 -- A live claim, whose token the lifecycle functions below are given.
 SELECT token AS tok FROM idempotency.idem_claim('bad', 'live', 'fp') \gset
@@ -49,12 +20,12 @@ SELECT key, response_status, response_body, response_headers FROM idempotency.ke
  WHERE scope = 'bad' AND key IN ('s100', 's599') ORDER BY key;
 
 -- From here on nothing may be written: remember the tables' contents.
-SELECT pg_temp.digest() AS before \gset
+SELECT fixture.digest() AS before \gset
 SELECT count(*) AS records_before FROM idempotency.keys WHERE scope = 'bad';
 
 -- idem_claim: scope and key are required, 1 to 255 characters, no control characters;
 -- ttl and lease, when given, are positive.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        $$ SELECT idempotency.idem_claim(NULL, 'k') $$,
   'key NULL',          $$ SELECT idempotency.idem_claim('bad', NULL) $$,
   'scope empty',       $$ SELECT idempotency.idem_claim('', 'k') $$,
@@ -73,7 +44,7 @@ SELECT * FROM pg_temp.cases(
   'lease -5 min',      $$ SELECT idempotency.idem_claim('bad', 'k', lease => '-5 min') $$);
 -- idem_complete: scope, key, token and response_status are required; the status is an
 -- HTTP status (100-599) and headers, when given, are a JSON object.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        format($$ SELECT idempotency.idem_complete(NULL, 'live', %L, 200) $$, :'tok'),
   'key NULL',          format($$ SELECT idempotency.idem_complete('bad', NULL, %L, 200) $$, :'tok'),
   'token NULL',        $$ SELECT idempotency.idem_complete('bad', 'live', NULL, 200) $$,
@@ -88,7 +59,7 @@ SELECT * FROM pg_temp.cases(
   'headers a string',  format($$ SELECT idempotency.idem_complete('bad', 'live', %L, 200, NULL, '"x"') $$, :'tok'),
   'headers JSON null', format($$ SELECT idempotency.idem_complete('bad', 'live', %L, 200, NULL, 'null') $$, :'tok'));
 -- idem_checkpoint: scope, key, token and recovery_point are required; lease is positive.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        format($$ SELECT idempotency.idem_checkpoint(NULL, 'live', %L, 'p') $$, :'tok'),
   'key NULL',          format($$ SELECT idempotency.idem_checkpoint('bad', NULL, %L, 'p') $$, :'tok'),
   'token NULL',        $$ SELECT idempotency.idem_checkpoint('bad', 'live', NULL, 'p') $$,
@@ -99,7 +70,7 @@ SELECT * FROM pg_temp.cases(
   'lease -1 s',        format($$ SELECT idempotency.idem_checkpoint('bad', 'live', %L, 'p', NULL, '-1 s') $$, :'tok'));
 
 -- idem_release: scope, key and token are required.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        format($$ SELECT idempotency.idem_release(NULL, 'live', %L) $$, :'tok'),
   'key NULL',          format($$ SELECT idempotency.idem_release('bad', NULL, %L) $$, :'tok'),
   'token NULL',        $$ SELECT idempotency.idem_release('bad', 'live', NULL) $$,
@@ -107,7 +78,7 @@ SELECT * FROM pg_temp.cases(
   'key 256 chars',     format($$ SELECT idempotency.idem_release('bad', repeat('k', 256), %L) $$, :'tok'));
 
 -- idem_lookup: scope and key are required and checked like idem_claim's.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        $$ SELECT * FROM idempotency.idem_lookup(NULL, 'live') $$,
   'key NULL',          $$ SELECT * FROM idempotency.idem_lookup('bad', NULL) $$,
   'key empty',         $$ SELECT * FROM idempotency.idem_lookup('bad', '') $$,
@@ -115,7 +86,7 @@ SELECT * FROM pg_temp.cases(
   'key with \n',       $$ SELECT * FROM idempotency.idem_lookup('bad', E'a\nb') $$);
 
 -- idem_seen: scope and message_id are required and checked like keys; ttl is positive.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'scope NULL',        $$ SELECT idempotency.idem_seen(NULL, 'm') $$,
   'message_id NULL',   $$ SELECT idempotency.idem_seen('bad', NULL) $$,
   'message_id empty',  $$ SELECT idempotency.idem_seen('bad', '') $$,
@@ -126,7 +97,7 @@ SELECT * FROM pg_temp.cases(
 
 -- idem_sweep and idem_reclaim_stale: max_rows is required and positive; release is
 -- required; the takeover lease is positive.
-SELECT * FROM pg_temp.cases(
+SELECT * FROM fixture.cases(
   'sweep NULL',        $$ SELECT idempotency.idem_sweep(NULL) $$,
   'sweep 0',           $$ SELECT idempotency.idem_sweep(0) $$,
   'sweep -1',          $$ SELECT idempotency.idem_sweep(-1) $$,
@@ -136,6 +107,6 @@ SELECT * FROM pg_temp.cases(
   'reclaim lease 0',   $$ SELECT * FROM idempotency.idem_reclaim_stale(10, false, '0') $$);
 
 -- None of these errors wrote anything: both tables are exactly as they were.
-SELECT pg_temp.digest() = :'before' AS tables_unchanged;
+SELECT fixture.digest() = :'before' AS tables_unchanged;
 SELECT count(*) AS records_after FROM idempotency.keys WHERE scope = 'bad';
 SELECT status FROM idempotency.idem_lookup('bad', 'live');

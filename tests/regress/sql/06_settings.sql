@@ -1,34 +1,9 @@
 -- Settings: idempotency.default_ttl (24h) and idempotency.default_lease (5min), used when
 -- idem_claim, idem_checkpoint, idem_seen or idem_reclaim_stale get no ttl or lease.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
 
 -- The settings belong to the extension's library, which a session loads on its first
 -- idem_* call (nothing needs shared_preload_libraries). Before that, SHOW does not know them.
-SELECT * FROM pg_temp.try('SHOW idempotency.default_ttl');
+SELECT * FROM fixture.try('SHOW idempotency.default_ttl');
 LOAD 'idempotency';
 
 -- The defaults.
@@ -56,15 +31,15 @@ SELECT expires_at = now() + interval '7 days' AS ttl_7d, locked_until = now() + 
   FROM idempotency.idem_claim('settings', 'k3', ttl => '7 days', lease => '1 minute');
 
 -- A value that is not a positive interval is refused (22023) and the setting keeps its value.
-SELECT * FROM pg_temp.try($$ SET idempotency.default_ttl = 'garbage' $$);
-SELECT * FROM pg_temp.try($$ SET idempotency.default_ttl = '0' $$);
-SELECT * FROM pg_temp.try($$ SET idempotency.default_ttl = '-1 hour' $$);
-SELECT * FROM pg_temp.try($$ SET idempotency.default_lease = '' $$);
-SELECT * FROM pg_temp.try($$ SET idempotency.default_lease = '1 mon -30 days' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_ttl = 'garbage' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_ttl = '0' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_ttl = '-1 hour' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_lease = '' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_lease = '1 mon -30 days' $$);
 SHOW idempotency.default_ttl;
 SHOW idempotency.default_lease;
 -- Names under idempotency. other than these two are refused too.
-SELECT * FROM pg_temp.try($$ SET idempotency.default_tll = '1h' $$);
+SELECT * FROM fixture.try($$ SET idempotency.default_tll = '1h' $$);
 
 -- SET LOCAL lasts until the end of the transaction.
 BEGIN;

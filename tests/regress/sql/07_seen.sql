@@ -1,8 +1,5 @@
 -- idem_seen: de-duplication for at-least-once message consumers. True the first time a
 -- message id is seen in a scope (and recorded, in the caller's transaction), false after.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
 
 -- The first delivery is new; a redelivery of the same id is a duplicate.
 SELECT idempotency.idem_seen('orders-consumer', 'msg-1') AS first_delivery;

@@ -1,30 +1,5 @@
 -- Housekeeping: idem_sweep deletes expired records, idem_reclaim_stale deals with claims
 -- whose owner died, and the idempotency.stats view counts what there is.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
-
--- Test helper: run a statement, catch its error and show its SQLSTATE and message, and
--- whether idempotency.keys and idempotency.messages are unchanged afterwards.
-CREATE FUNCTION pg_temp.digest() RETURNS text LANGUAGE sql AS $$
-    SELECT md5(concat((SELECT string_agg(k::text, ';' ORDER BY k.scope, k.key) FROM idempotency.keys k), '#',
-                      (SELECT string_agg(m::text, ';' ORDER BY m.scope, m.message_id) FROM idempotency.messages m))) $$;
-CREATE FUNCTION pg_temp.try(stmt text, OUT sqlstate text, OUT message text, OUT unchanged boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    before text := pg_temp.digest();
-    code text := '00000';
-    msg text := '(no error)';
-BEGIN
-    BEGIN
-        EXECUTE stmt;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    END;
-    sqlstate := code;
-    message := msg;
-    unchanged := pg_temp.digest() = before;
-END $$;
 
 -- Start from empty tables, so that every count below is this file's own.
 TRUNCATE idempotency.keys, idempotency.messages;
@@ -89,7 +64,7 @@ SELECT status, attempts, locked_until = updated_at + interval '1 hour' AS lease_
 -- A client retry now sees the completer's running lease: in_progress.
 SELECT outcome, attempts FROM idempotency.idem_claim('maint', 'stale-2');
 -- The old owner's token is fenced off (IK002); the new token completes.
-SELECT * FROM pg_temp.try(format($$ SELECT idempotency.idem_complete('maint', 'stale-2', %L, 201) $$, :'stale2_tok'));
+SELECT * FROM fixture.try(format($$ SELECT idempotency.idem_complete('maint', 'stale-2', %L, 201) $$, :'stale2_tok'));
 SELECT idempotency.idem_complete('maint', 'stale-2', :'new_tok', 201, '{"completed_by": "reclaimer"}');
 SELECT outcome, http_status, response_body, attempts FROM idempotency.idem_claim('maint', 'stale-2');
 

@@ -1,9 +1,6 @@
 -- For big backlogs and for scheduling: idem_sweep_all sweeps in batches with a COMMIT
 -- after each, and schedule_maintenance puts the sweep and the stale-claim release on
 -- pg_cron (tested for real, with pg_cron running, by tests/pg_cron/run.sh).
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
 
 TRUNCATE idempotency.keys, idempotency.messages;
 

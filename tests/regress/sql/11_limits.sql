@@ -1,9 +1,6 @@
 -- Size limits and unusual input. A stored response (body plus headers) or checkpoint data
 -- may be at most idempotency.max_response_size (default 1MB); past it idem_complete and
 -- idem_checkpoint refuse with SQLSTATE 54000 and store nothing.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS idempotency;
-RESET client_min_messages;
 \set SHOW_CONTEXT never
 
 SELECT count(*) FROM idempotency.idem_lookup('limits', 'none');  -- loads the library
@@ -27,8 +24,11 @@ SELECT outcome, http_status, length(response_body #>> '{}') AS body_length
 RESET idempotency.max_response_size;
 
 -- The limit itself must be between 1kB and 1GB.
-SET idempotency.max_response_size = 0;
-SET idempotency.max_response_size = '2GB';
+-- (The message's tail, the range, is spelled differently by each major: left out.)
+SELECT sqlstate, split_part(message, ' (', 1) AS message
+  FROM fixture.try($$ SET idempotency.max_response_size = 0 $$);
+SELECT sqlstate, split_part(message, ' (', 1) AS message
+  FROM fixture.try($$ SET idempotency.max_response_size = '2GB' $$);
 
 -- Deeply nested documents: 1000 levels fingerprint, 1001 are refused with 22023.
 SELECT idempotency.idem_fingerprint((repeat('[', 1000) || repeat(']', 1000))::jsonb) LIKE 'sha256:%' AS depth_1000;

@@ -164,5 +164,5 @@ if [ $HAVE_CRON = 1 ]; then
         "$(state_msg sec_app postgres "SELECT * FROM idempotency.schedule_maintenance();")"
     val postgres postgres "SELECT count(cron.unschedule(jobid)) FROM cron.job" >/dev/null
 else
-    skip "schedule_maintenance with a real pg_cron" "postgresql-15-cron is not installed"
+    skip "schedule_maintenance with a real pg_cron" "pg_cron is not installed into PostgreSQL $PG_MAJOR (Debian's postgresql-15-cron exists for 15 only)"
 fi

@@ -12,8 +12,8 @@ standby_state() { # standby_state SQL: "SQLSTATE message" of SQL run on the stan
 standby_ok=0
 if start_cluster "$PRIMARY" "$PRIMARY_PORT" "wal_level = replica" "max_wal_senders = 5" "hot_standby = on" \
         >"$SEC_DIR/start-primary.log" 2>&1; then
+    install_extension postgres -h "$PRIMARY/socket" -p "$PRIMARY_PORT" -U postgres 2>>"$LOG"
     sqlp postgres <<'SQL' >/dev/null
-CREATE EXTENSION idempotency;
 SELECT idempotency.idem_complete('acct', 'k-done', token, 201, '{"id": "ch_1"}', '{"Location": "/c/1"}')
   FROM idempotency.idem_claim('acct', 'k-done', 'fp');
 SELECT * FROM idempotency.idem_claim('acct', 'k-open', 'fp', NULL, '1 hour');
@@ -98,5 +98,5 @@ else
         [ -s "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }
     done
 fi
-"$ROOT/scripts/cluster.sh" stop "$STANDBY" >/dev/null 2>&1
-"$ROOT/scripts/cluster.sh" stop "$PRIMARY" >/dev/null 2>&1
+cluster_stop "$STANDBY"
+cluster_stop "$PRIMARY"

@@ -1,0 +1,40 @@
+#!/usr/bin/env node
+// The demo charges service on Express:
+//   node demo/express.js --database-url postgresql://... --listen 127.0.0.1:8080
+import http from 'node:http';
+import express from 'express';
+import { createIdempotency } from '../src/index.js';
+import { openPool, options, problemResponse, routes } from './charges.js';
+
+const opts = options();
+const pool = await openPool(opts.databaseUrl);
+const r = routes(pool, opts);
+const idem = createIdempotency(r.idempotency);
+
+const app = express();
+app.disable('x-powered-by');
+app.use(express.json({ type: () => true }));
+app.get('/healthz', (req, res) => res.type('text/plain').send('ok\n'));
+app.post('/charges', idem.express(r.sameTransaction.options, r.sameTransaction.handler));
+app.post('/charges/external', idem.express(r.committedFirst.options, r.committedFirst.handler));
+app.get('/charges/:id', async (req, res) => reply(res, await r.getCharge(req, req.params.id)));
+app.use((req, res) => reply(res, problemResponse(404, 'No such route.')));
+// express.json() refusing the body (not JSON, too large) lands here: 400 before any claim.
+app.use((err, req, res, _next) => {
+  const status = err.status >= 400 && err.status < 500 ? err.status : 500;
+  if (status === 500) console.error('demo:', err);
+  reply(res, problemResponse(status, status === 500 ? 'The request failed.' : 'The body is not valid JSON.'));
+});
+
+function reply(res, { status, headers, body }) {
+  res.status(status).set(headers).end(body);
+}
+
+const server = http.createServer(app);
+server.on('error', (e) => {
+  console.error(`demo (express): cannot listen on ${opts.host}:${opts.port}: ${e.message}`);
+  process.exit(1);
+});
+server.listen(opts.port, opts.host, () => {
+  console.error(`demo (express): listening on http://${opts.host}:${server.address().port}`);
+});

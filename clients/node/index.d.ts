@@ -1,0 +1,234 @@
+// Types of pg-idempotency (hand-written; checked by `tsc --noEmit -p test/types` in test.sh).
+import type { Pool, PoolClient, Client } from 'pg';
+
+export type Queryable = Pool | PoolClient | Client;
+/** Milliseconds, or PostgreSQL interval text such as '30 seconds'. */
+export type IntervalInput = number | string;
+
+export declare const Outcome: {
+  readonly CLAIMED: 'claimed';
+  readonly RECLAIMED: 'reclaimed';
+  readonly REPLAY: 'replay';
+  readonly IN_PROGRESS: 'in_progress';
+  readonly MISMATCH: 'mismatch';
+  readonly EXPIRED: 'expired';
+};
+export type Outcome = (typeof Outcome)[keyof typeof Outcome];
+
+export interface ClaimOptions {
+  fingerprint?: string | null;
+  ttl?: IntervalInput;
+  lease?: IntervalInput;
+  /** Used when the extension has it (release 0.4.0), otherwise the claim answers at once. */
+  wait?: IntervalInput;
+  /** Used when the extension has it (release 0.4.0); always read the result's token. */
+  token?: string;
+}
+
+export interface ClaimResult {
+  outcome: Outcome;
+  token: string | null;
+  httpStatus: number | null;
+  responseStatus: number | null;
+  responseHeaders: Record<string, string> | null;
+  responseBody: unknown;
+  /** The stored body as jsonb prints it: what a replay sends, byte for byte. */
+  responseBodyText: string | null;
+  recoveryPoint: string | null;
+  recoveryData: unknown;
+  attempts: number | null;
+  expiresAt: Date | null;
+  lockedUntil: Date | null;
+  /** in_progress only: whole seconds until the owner's lease ends (at least 1). */
+  retryAfterSeconds: number | null;
+}
+
+export interface KeyRecord {
+  scope: string;
+  key: string;
+  fingerprint: string | null;
+  status: 'in_progress' | 'completed';
+  token: string;
+  attempts: number;
+  lockedUntil: Date | null;
+  recoveryPoint: string | null;
+  recoveryData: unknown;
+  responseStatus: number | null;
+  responseHeaders: Record<string, string> | null;
+  responseBody: unknown;
+  responseBodyText: string | null;
+  createdAt: Date;
+  updatedAt: Date;
+  completedAt: Date | null;
+  expiresAt: Date;
+}
+
+export interface Features {
+  wait: boolean;
+  token: boolean;
+  seenMany: boolean;
+}
+
+export declare class IdempotencyClient {
+  constructor(db: Queryable);
+  readonly db: Queryable;
+  /** The same client running its statements on `db` (e.g. a pool client inside BEGIN). */
+  on(db: Queryable): IdempotencyClient;
+  features(): Promise<Features>;
+  claim(scope: string, key: string, options?: ClaimOptions): Promise<ClaimResult>;
+  /** Resolves to the stored body as jsonb prints it, or null. */
+  complete(scope: string, key: string, token: string, status: number,
+    options?: { body?: unknown; bodyJson?: string | null; headers?: Record<string, string> | null }): Promise<string | null>;
+  checkpoint(scope: string, key: string, token: string, recoveryPoint: string,
+    options?: { data?: unknown; lease?: IntervalInput }): Promise<Date>;
+  release(scope: string, key: string, token: string): Promise<boolean>;
+  lookup(scope: string, key: string): Promise<KeyRecord | null>;
+  seen(scope: string, messageId: string, options?: { ttl?: IntervalInput }): Promise<boolean>;
+  /** Throws UnsupportedFeatureError when the extension has no idem_seen_many. */
+  seenMany(scope: string, messageIds: string[], options?: { ttl?: IntervalInput }): Promise<boolean[]>;
+  fingerprint(value: unknown, ignore?: string[] | null): Promise<string>;
+}
+
+export declare class IdempotencyError extends Error {
+  /** The SQLSTATE, or null for errors raised by the client itself. */
+  code: string | null;
+  detail?: string;
+  hint?: string;
+}
+export declare class NullArgumentError extends IdempotencyError {}
+export declare class InvalidArgumentError extends IdempotencyError {}
+export declare class NoLiveRecordError extends IdempotencyError {}
+export declare class ClaimTakenOverError extends IdempotencyError {}
+export declare class AlreadyCompletedError extends IdempotencyError {}
+export declare class ResponseTooLargeError extends IdempotencyError {}
+export declare class ReadOnlyError extends IdempotencyError {}
+export declare class SerializationError extends IdempotencyError {}
+export declare class LockTimeoutError extends IdempotencyError {}
+export declare class PermissionDeniedError extends IdempotencyError {}
+export declare class UnsupportedFeatureError extends IdempotencyError {}
+/** The typed error for a node-postgres error, or the error itself. */
+export declare function mapError(e: unknown): unknown;
+
+export declare function fingerprint(value: unknown, ignore?: string[]): string;
+export declare const MAX_KEY_LENGTH: 255;
+export declare function parseIdempotencyKey(values: string[]): { key: string } | { error: string };
+export declare function fieldLines(rawHeaders: string[], name?: string): string[];
+export declare function intervalText(v: IntervalInput | null | undefined): string | null;
+
+export declare class HttpProblem extends Error {
+  constructor(status: number, title: string, options?: { detail?: string; type?: string; headers?: Record<string, string> });
+  status: number;
+  title: string;
+  detail?: string;
+  type: string;
+  headers: Record<string, string>;
+  toResponse(): HandlerResponse & { body: string };
+}
+
+export declare const Mode: {
+  readonly SAME_TRANSACTION: 'same-transaction';
+  readonly COMMITTED_FIRST: 'committed-first';
+};
+export type Mode = (typeof Mode)[keyof typeof Mode];
+
+export interface HandlerResponse {
+  status?: number;
+  headers?: Record<string, string>;
+  /** An object/array/number is sent (and stored) as JSON; a string or Buffer as text. */
+  body?: unknown;
+}
+
+interface ContextBase {
+  scope: string;
+  key: string | null;
+  token: string | null;
+  outcome: 'claimed' | 'reclaimed' | null;
+  attempts: number;
+  recoveryPoint: string | null;
+  recoveryData: unknown;
+}
+export interface SameTransactionContext extends ContextBase {
+  mode: 'same-transaction';
+  /** The connection inside the open transaction that holds the claim. */
+  db: PoolClient;
+  idem: IdempotencyClient;
+}
+export interface CommittedFirstContext extends ContextBase {
+  mode: 'committed-first';
+  db: Pool;
+  idem: IdempotencyClient;
+  /** Aborted when the claim is lost (taken over) while the handler runs. */
+  signal: AbortSignal;
+  /** From now on a failure is stored (idem_complete), not released. */
+  sideEffectStarted(): void;
+  /** idem_checkpoint (on `db`, e.g. inside the side effect's transaction); marks side effects started. */
+  checkpoint(point: string, data?: unknown, options?: { db?: Queryable }): Promise<Date>;
+}
+export type HandlerContext = SameTransactionContext | CommittedFirstContext;
+export type Handler<Req> = (req: Req, ctx: any) => Promise<HandlerResponse> | HandlerResponse;
+
+export interface RouteOptions<Req = any> {
+  mode?: Mode;
+  /** Default: none. May throw an HttpProblem (e.g. 401) before the key is looked at. */
+  tenant?: (req: Req) => string | undefined | Promise<string | undefined>;
+  /** Default: `${tenant}:${method} ${route}` (or `${method} ${route}` without a tenant). */
+  scope?: (p: { tenant: string | undefined; method: string; route: string; req: Req }) => string | Promise<string>;
+  /** Top-level body fields left out of the fingerprint. */
+  ignore?: string[];
+  /** Default true: a missing Idempotency-Key is a 400. */
+  required?: boolean;
+  ttl?: IntervalInput;
+  /** Committed-first lease in milliseconds (default 30000), renewed every third of it. */
+  lease?: number;
+  wait?: IntervalInput;
+  /** Default ['Location', 'Content-Type']; Content-Type is always stored. */
+  replayHeaders?: string[];
+  /** Default false: a 5xx answer releases the key (unless side effects started). */
+  storeServerErrors?: boolean;
+  logger?: { warn(...a: unknown[]): void; error(...a: unknown[]): void };
+}
+
+export interface IdempotencyOptions extends RouteOptions {
+  pool: Pool;
+}
+
+export interface ExecuteInput {
+  method: string;
+  route: string;
+  keyValues: string[];
+  body: unknown;
+}
+export interface Answer {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+  replayed: boolean;
+}
+
+export declare class Idempotency {
+  constructor(options: IdempotencyOptions);
+  pool: Pool;
+  client: IdempotencyClient;
+  execute<Req>(routeOptions: RouteOptions<Req>, handler: Handler<Req>, req: Req, input: ExecuteInput): Promise<Answer>;
+}
+
+type ExpressHandler = (req: import('express').Request, res: import('express').Response,
+  next: import('express').NextFunction) => Promise<void>;
+type FastifyHandler = (request: import('fastify').FastifyRequest, reply: import('fastify').FastifyReply) => Promise<unknown>;
+
+export interface IdempotencyApp extends Idempotency {
+  express(routeOptions: RouteOptions<import('express').Request> & { mode: 'same-transaction' },
+    handler: (req: import('express').Request, ctx: SameTransactionContext) => Promise<HandlerResponse> | HandlerResponse): ExpressHandler;
+  express(routeOptions: RouteOptions<import('express').Request> & { mode: 'committed-first' },
+    handler: (req: import('express').Request, ctx: CommittedFirstContext) => Promise<HandlerResponse> | HandlerResponse): ExpressHandler;
+  express(routeOptions: RouteOptions<import('express').Request>,
+    handler: (req: import('express').Request, ctx: HandlerContext) => Promise<HandlerResponse> | HandlerResponse): ExpressHandler;
+  fastify(routeOptions: RouteOptions<import('fastify').FastifyRequest> & { mode: 'same-transaction' },
+    handler: (req: import('fastify').FastifyRequest, ctx: SameTransactionContext) => Promise<HandlerResponse> | HandlerResponse): FastifyHandler;
+  fastify(routeOptions: RouteOptions<import('fastify').FastifyRequest> & { mode: 'committed-first' },
+    handler: (req: import('fastify').FastifyRequest, ctx: CommittedFirstContext) => Promise<HandlerResponse> | HandlerResponse): FastifyHandler;
+  fastify(routeOptions: RouteOptions<import('fastify').FastifyRequest>,
+    handler: (req: import('fastify').FastifyRequest, ctx: HandlerContext) => Promise<HandlerResponse> | HandlerResponse): FastifyHandler;
+}
+
+export declare function createIdempotency(options: IdempotencyOptions): IdempotencyApp;

@@ -1,0 +1,248 @@
+// The framework-independent part of the Express and Fastify middleware: key, scope, fingerprint,
+// claim, running the handler in one of the two modes, storing or releasing, and the answers.
+import { randomUUID } from 'node:crypto';
+import { IdempotencyClient, Outcome } from './client.js';
+import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError } from './errors.js';
+import { fingerprint } from './fingerprint.js';
+import { parseIdempotencyKey } from './key.js';
+import { HttpProblem, problems } from './problem.js';
+import { DEFAULT_REPLAY_HEADERS, prepareResponse, storedBodyText } from './response.js';
+
+export const Mode = Object.freeze({
+  SAME_TRANSACTION: 'same-transaction',
+  COMMITTED_FIRST: 'committed-first',
+});
+
+const DEFAULTS = {
+  mode: Mode.SAME_TRANSACTION,
+  tenant: () => undefined,
+  scope: ({ tenant, method, route }) => (tenant ? `${tenant}:${method} ${route}` : `${method} ${route}`),
+  ignore: [],
+  required: true,
+  ttl: undefined,
+  lease: 30_000,
+  wait: undefined,
+  replayHeaders: DEFAULT_REPLAY_HEADERS,
+  storeServerErrors: false,
+  logger: console,
+};
+
+const answer = (problem) => ({ ...problem.toResponse(), replayed: false });
+
+/** What a claim that did not give us the key answers: replay, 409, 422 or 410. */
+export function answerWithoutWork(c) {
+  switch (c.outcome) {
+    case Outcome.REPLAY: {
+      const headers = { ...(c.responseHeaders ?? {}), 'Idempotent-Replayed': 'true' };
+      return { status: c.responseStatus, headers, body: storedBodyText(c.responseHeaders, c.responseBodyText), replayed: true };
+    }
+    case Outcome.IN_PROGRESS:
+      return answer(problems.inProgress(c.retryAfterSeconds));
+    case Outcome.MISMATCH:
+      return answer(problems.mismatch());
+    case Outcome.EXPIRED:
+      return answer(problems.expired());
+    default:
+      throw new Error(`unexpected claim outcome ${c.outcome}`);
+  }
+}
+
+export class Idempotency {
+  /**
+   * @param {object} options { pool (pg.Pool), and defaults for every route: mode, tenant, scope,
+   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, logger }
+   */
+  constructor({ pool, ...defaults }) {
+    if (!pool) throw new TypeError('createIdempotency: `pool` (a pg.Pool) is required');
+    this.pool = pool;
+    this.client = new IdempotencyClient(pool);
+    this.defaults = { ...DEFAULTS, ...defaults };
+  }
+
+  /**
+   * Runs one request. `input`: { method, route (template), keyValues (every Idempotency-Key field
+   * line), body (parsed JSON or undefined) }. Resolves to { status, headers, body (text), replayed }.
+   */
+  async execute(routeOptions, handler, req, input) {
+    const o = { ...this.defaults, ...routeOptions };
+    try {
+      return await this.#execute(o, handler, req, input);
+    } catch (e) {
+      if (e instanceof HttpProblem) return answer(e);
+      if (e instanceof LockTimeoutError || e instanceof SerializationError) return answer(problems.inProgress(1));
+      o.logger.error(`pg-idempotency: ${input.method} ${input.route}:`, e);
+      return answer(problems.internal());
+    }
+  }
+
+  async #execute(o, handler, req, input) {
+    const tenant = await o.tenant(req); // may throw an HttpProblem (401) before anything else
+    const parsed = input.keyValues.length === 0 && !o.required ? null : parseIdempotencyKey(input.keyValues);
+    if (parsed?.error) return answer(problems.badKey(parsed.error));
+    const scope = await o.scope({ tenant, method: input.method, route: input.route, req });
+    const fp = input.body === undefined ? null : fingerprint(input.body, o.ignore);
+    const claim = parsed && { scope, key: parsed.key, fingerprint: fp };
+    return o.mode === Mode.COMMITTED_FIRST
+      ? this.#committedFirst(o, handler, req, claim)
+      : this.#sameTransaction(o, handler, req, claim);
+  }
+
+  async #sameTransaction(o, handler, req, claim) {
+    const db = await this.pool.connect();
+    let open = false;
+    try {
+      await db.query('BEGIN');
+      open = true;
+      const idem = this.client.on(db);
+      let c = null;
+      if (claim) {
+        c = await idem.claim(claim.scope, claim.key, { fingerprint: claim.fingerprint, ttl: o.ttl });
+        if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) return answerWithoutWork(c);
+      }
+      const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
+      const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
+      if (!claim || (res.status >= 500 && !o.storeServerErrors)) {
+        await db.query(res.status >= 500 ? 'ROLLBACK' : 'COMMIT');
+        open = false;
+        return send(res, res.text);
+      }
+      const stored = await idem.complete(claim.scope, claim.key, c.token, res.status,
+        { bodyJson: res.json, headers: res.stored });
+      await db.query('COMMIT');
+      open = false;
+      return send(res, res.isJson ? stored ?? '' : res.text);
+    } finally {
+      if (open) await db.query('ROLLBACK').catch(() => {});
+      db.release();
+    }
+  }
+
+  async #committedFirst(o, handler, req, claim) {
+    if (!claim) {
+      const ctx = { mode: Mode.COMMITTED_FIRST, db: this.pool, idem: this.client, sideEffectStarted() {}, async checkpoint() {} };
+      const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
+      return send(res, res.text);
+    }
+    const { scope, key } = claim;
+    const c = await this.#claimCommitted(claim, o);
+    if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) return answerWithoutWork(c);
+    const lease = new Lease(this.client, scope, key, c, o);
+    const ctx = {
+      mode: Mode.COMMITTED_FIRST, db: this.pool, idem: this.client, ...claimContext(claim, c),
+      signal: lease.abort.signal,
+      sideEffectStarted: () => void (lease.sideEffects = true),
+      checkpoint: (point, data, { db } = {}) => lease.checkpoint(point, data, db),
+    };
+    let res;
+    try {
+      res = prepareResponse(await handler(req, ctx), o.replayHeaders);
+    } catch (e) {
+      await lease.stop();
+      if (isFenced(e)) return this.#fenced(o, scope, key, e);
+      if (!lease.sideEffects) {
+        await this.client.release(scope, key, c.token);
+        if (e instanceof HttpProblem) return answer(e);
+        o.logger.error(`pg-idempotency: ${scope} ${key}: the handler failed before its side effects (key released):`, e);
+        return answer(problems.internal());
+      }
+      o.logger.error(`pg-idempotency: ${scope} ${key}: the handler failed after its side effects (failure stored):`, e);
+      res = prepareResponse(e instanceof HttpProblem ? e.toResponse() : problems.internal().toResponse(), o.replayHeaders);
+    }
+    await lease.stop();
+    if (res.status >= 500 && !o.storeServerErrors && !lease.sideEffects) {
+      await this.client.release(scope, key, c.token);
+      return send(res, res.text);
+    }
+    try {
+      const stored = await this.client.complete(scope, key, c.token, res.status, { bodyJson: res.json, headers: res.stored });
+      return send(res, res.isJson ? stored ?? '' : res.text);
+    } catch (e) {
+      if (isFenced(e)) return this.#fenced(o, scope, key, e);
+      throw e;
+    }
+  }
+
+  // A caller-chosen token (extension 0.4.0) makes the claim safe to repeat: when the connection
+  // breaks during it (an error without a SQLSTATE), the same call says whether we own the key.
+  async #claimCommitted(claim, o) {
+    const args = { fingerprint: claim.fingerprint, ttl: o.ttl, lease: o.lease, wait: o.wait, token: randomUUID() };
+    try {
+      return await this.client.claim(claim.scope, claim.key, args);
+    } catch (e) {
+      if (!isConnectionError(e) || !(await this.client.features()).token) throw e;
+      o.logger.warn(`pg-idempotency: ${claim.scope} ${claim.key}: the claim's connection failed (${e.message}); repeating it with the same token`);
+      return this.client.claim(claim.scope, claim.key, args);
+    }
+  }
+
+  #fenced(o, scope, key, e) {
+    o.logger.warn(`pg-idempotency: ${scope} ${key}: late completion fenced (${e.code}): another attempt owns the key; not reporting success`);
+    return answer(problems.superseded());
+  }
+}
+
+function isConnectionError(e) {
+  return !(typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code));
+}
+
+function isFenced(e) {
+  return e instanceof ClaimTakenOverError || e instanceof NoLiveRecordError;
+}
+
+function claimContext(claim, c) {
+  if (!c) return { scope: claim?.scope, key: null, token: null, outcome: null, attempts: 0, recoveryPoint: null, recoveryData: null };
+  return {
+    scope: claim.scope, key: claim.key, token: c.token, outcome: c.outcome, attempts: c.attempts,
+    recoveryPoint: c.recoveryPoint, recoveryData: c.recoveryData,
+  };
+}
+
+function send(res, body) {
+  return { status: res.status, headers: res.headers, body, replayed: false };
+}
+
+/** Keeps a committed claim's lease alive (idem_checkpoint every third of the lease). */
+class Lease {
+  constructor(client, scope, key, c, o) {
+    Object.assign(this, { client, scope, key, token: c.token, lease: o.lease, logger: o.logger });
+    this.point = c.recoveryPoint ?? 'started';
+    this.data = c.recoveryData ?? null;
+    this.sideEffects = false;
+    this.abort = new AbortController();
+    this.beat = Promise.resolve();
+    this.timer = setInterval(() => (this.beat = this.#renew()), Math.max(50, leaseMs(o.lease) / 3));
+  }
+
+  async #renew() {
+    try {
+      await this.client.checkpoint(this.scope, this.key, this.token, this.point, { data: this.data, lease: this.lease });
+    } catch (e) {
+      if (isFenced(e)) {
+        clearInterval(this.timer);
+        this.abort.abort(e);
+        this.logger.warn(`pg-idempotency: ${this.scope} ${this.key}: the claim was lost while the handler ran (${e.code})`);
+      } else {
+        this.logger.warn(`pg-idempotency: ${this.scope} ${this.key}: lease renewal failed:`, e.message);
+      }
+    }
+  }
+
+  async checkpoint(point, data, db) {
+    this.sideEffects = true;
+    const idem = db ? this.client.on(db) : this.client;
+    const lockedUntil = await idem.checkpoint(this.scope, this.key, this.token, point, { data, lease: this.lease });
+    this.point = point;
+    this.data = data ?? null;
+    return lockedUntil;
+  }
+
+  async stop() {
+    clearInterval(this.timer);
+    await this.beat;
+  }
+}
+
+function leaseMs(lease) {
+  if (typeof lease === 'number') return lease;
+  throw new TypeError('the committed-first lease must be a number of milliseconds');
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The Node package's suite: installs what it needs (pgbouncer from apt when missing, npm ci from
+# package-lock.json), packs the package (npm pack), starts a throwaway PostgreSQL 15 cluster with the
+# extension (tests/lib.sh) and Debian's pgbouncer in transaction-pooling mode in front of it, and
+# runs `node --test` (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
+#
+# Ports and folder: tests/lib.sh's "node" row (PostgreSQL, pgbouncer = +1) and its folder; the demo
+# servers listen from DEMO_PORT_BASE (default 56420). NODE_SUITE_PORT / NODE_SUITE_DIR override.
+# Last line: "clients-node: N passed, M failed".
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../tests/lib.sh"
+pg_port=${NODE_SUITE_PORT:-$(port_of node)}
+bouncer_port=$((pg_port + 1))
+dir=${NODE_SUITE_DIR:-$(dir_of node)}
+export DEMO_PORT_BASE=${DEMO_PORT_BASE:-56420}
+
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "== installing pgbouncer (apt)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+fi
+PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+
+if [ "$IDEM_EDITION" = native ] && ! extension_installed; then
+    echo "== the extension is not installed in PostgreSQL $PG_MAJOR: building and installing it (cargo pgrx install)"
+    (cd "$ROOT" && PATH="$HOME/.cargo/bin:$PATH" cargo pgrx install --release --pg-config "$PGBIN/pg_config")
+fi
+
+cd "$here"
+echo "== npm ci"
+npm ci --no-audit --no-fund --loglevel=error
+cluster_stop "$dir/pg"
+rm -rf "$dir"
+mkdir -p "$dir"
+echo "== npm pack"
+pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
+
+cleanup() {
+    if [ -f "$dir/pgbouncer.pid" ]; then kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true; fi
+    cluster_stop "$dir/pg"
+}
+trap cleanup EXIT
+
+echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
+cluster_start "$dir/pg" "$pg_port"
+install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
+cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+postgres = host=127.0.0.1 port=$pg_port dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bouncer_port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = 30
+max_client_conn = 300
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+echo '"postgres" ""' >"$dir/userlist.txt"
+chown postgres: "$dir" "$dir/pgbouncer.ini" "$dir/userlist.txt"
+as_postgres "$PGBOUNCER" -d "$dir/pgbouncer.ini"
+for _ in $(seq 50); do
+    psql -X -q -h 127.0.0.1 -p "$bouncer_port" -U postgres -c 'SELECT 1' postgres >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
+echo "== node --test"
+status=0
+DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
+PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
+PACK_FILE="$pack_file" \
+    node --test --test-concurrency=1 \
+        --test-reporter=spec --test-reporter-destination=stdout \
+        --test-reporter=tap --test-reporter-destination="$dir/results.tap" \
+        test/*.test.js || status=$?
+
+touch "$dir/results.tap"
+tap_count() { sed -n "s/^# $1 \([0-9]*\)$/\1/p" "$dir/results.tap" | tail -1; }
+passed=$(tap_count pass)
+fails=$(tap_count fail)
+cancelled=$(tap_count cancelled)
+failed=$(( ${fails:-0} + ${cancelled:-0} ))
+grep -E '# SKIP' "$dir/results.tap" | sed 's/^ */skipped: /' || true
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+echo "clients-node: ${passed:-0} passed, $failed failed"
+exit $(( status != 0 || failed != 0 ))

@@ -1,0 +1,52 @@
+// Compiled by `tsc --noEmit -p test/types` (test.sh): the hand-written index.d.ts against how an
+// application uses the package. Wrong types here fail the type check.
+import express from 'express';
+import Fastify from 'fastify';
+import pg from 'pg';
+import {
+  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, createIdempotency, fingerprint,
+  type ClaimResult,
+} from 'pg-idempotency';
+
+const pool = new pg.Pool();
+const client = new IdempotencyClient(pool);
+
+async function useClient(): Promise<void> {
+  const c: ClaimResult = await client.claim('acct_1:POST /x', 'k', { fingerprint: fingerprint({ a: 1 }), lease: 30_000 });
+  if (c.outcome === Outcome.CLAIMED && c.token !== null) {
+    const stored: string | null = await client.complete('acct_1:POST /x', 'k', c.token, 201, { body: { ok: true } });
+    void stored;
+  }
+  const first: boolean = await client.seen('consumer', 'm-1');
+  const many: boolean[] = await client.seenMany('consumer', ['m-1', 'm-2']);
+  void first, many;
+  try {
+    await client.checkpoint('s', 'k', 't', 'step-1', { data: { n: 1 }, lease: '30 seconds' });
+  } catch (e) {
+    if (e instanceof ClaimTakenOverError) console.log(e.code);
+  }
+}
+void useClient;
+
+const idem = createIdempotency({
+  pool,
+  tenant: (req: any) => {
+    const t = req.headers['x-api-key'];
+    if (typeof t !== 'string') throw new HttpProblem(401, 'Unauthorized');
+    return t;
+  },
+});
+
+const app = express();
+app.use(express.json());
+app.post('/charges', idem.express({ mode: Mode.SAME_TRANSACTION, ignore: ['note'] }, async (req, ctx) => {
+  const { rows } = await ctx.db.query('INSERT INTO charges DEFAULT VALUES RETURNING id');
+  return { status: 201, headers: { Location: `/charges/${rows[0].id}` }, body: rows[0] };
+}));
+
+const f = Fastify();
+f.post('/charges/external', idem.fastify({ mode: Mode.COMMITTED_FIRST, lease: 10_000 }, async (req, ctx) => {
+  if (ctx.signal.aborted) throw new Error('lost');
+  await ctx.checkpoint('charged', { id: 'ch_1' });
+  return { status: 201, body: { id: 'ch_1' } };
+}));

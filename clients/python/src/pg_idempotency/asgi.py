@@ -1,0 +1,287 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI app) on a psycopg AsyncConnectionPool.
+
+    app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant_of,
+                       routes={"POST /charges": RoutePolicy(),
+                               "POST /charges/external": RoutePolicy(mode=COMMITTED_FIRST)})
+
+Handlers find an `AsyncIdempotencyContext` in `request.state.idempotency`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import http
+from .client import AsyncIdempotency, Claim
+from .context import ClaimContext
+from .errors import IdempotencyError, NoLiveRecord, NotOwner
+from .fingerprint import fingerprint_body
+from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
+from .routes import RouteTable
+
+log = logging.getLogger("pg_idempotency")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def make_pool(conninfo: str, **kwargs: Any) -> AsyncConnectionPool:
+    """An AsyncConnectionPool with the middleware's defaults: autocommit connections and
+    psycopg's automatic prepared statements off (prepare_threshold=None), so it works
+    through PgBouncer in transaction pooling. Open it with `await pool.open()`."""
+    conn_kwargs = {"autocommit": True, "prepare_threshold": None, **kwargs.pop("kwargs", {})}
+    return AsyncConnectionPool(conninfo, kwargs=conn_kwargs, open=False, **kwargs)
+
+
+def default_tenant(request_scope: Scope) -> str:
+    user = request_scope.get("user")
+    identity = getattr(user, "identity", None)
+    return str(identity) if identity else "anonymous"
+
+
+class AsyncIdempotencyContext(ClaimContext):
+    """What a protected handler gets: the claim, and (same transaction) the open
+    connection `conn`, or (committed first) `step()` to run a side effect fenced and recorded."""
+
+    def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str,
+                 claim: Claim, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
+        super().__init__(scope, key, claim, policy)
+        self.client, self.pool, self.conn = client, pool, conn
+        self._lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def step(self, recovery_point: str, recovery_data: Any = None) -> AsyncIterator[psycopg.AsyncConnection]:
+        """Committed-first mode: a transaction for one side effect. On a clean exit the
+        checkpoint (which fails with NotOwner if the claim was taken over, rolling the side
+        effect back) and the side effect commit together."""
+        async with self._lock, self.pool.connection() as conn, conn.transaction():
+            yield conn
+            await self.client.checkpoint(conn, self.scope, self.key, self.token, recovery_point,  # type: ignore[arg-type]
+                                         recovery_data, self.policy.lease)
+        self.point, self.data = recovery_point, recovery_data
+
+    async def renew(self) -> None:
+        async with self._lock, self.pool.connection() as conn:
+            await self.client.checkpoint(conn, self.scope, self.key, self.token,  # type: ignore[arg-type]
+                                         self.renewal_point(), self.data, self.policy.lease)
+
+
+class IdempotencyMiddleware:
+    def __init__(self, app: Callable[..., Awaitable[None]], *, pool: AsyncConnectionPool,
+                 routes: Mapping[str, RoutePolicy],
+                 tenant: Callable[[Scope], str] = default_tenant,
+                 scope_function: Callable[[str, str, str], str] = http.default_scope,
+                 client: AsyncIdempotency | None = None):
+        self.app, self.pool = app, pool
+        self.routes = RouteTable(routes)
+        self.tenant, self.scope_function = tenant, scope_function
+        self.client = client or AsyncIdempotency()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = self.routes.match(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if match is None:
+            return await self.app(scope, receive, send)
+        template, policy = match
+        try:
+            tenant = self.tenant(scope)
+            values = [v for n, v in scope["headers"] if n == b"idempotency-key"]
+            if not values and not policy.required:
+                return await self.app(scope, receive, send)
+            key = http.parse_key(values)
+        except Refused as r:
+            return await write(send, r.answer)
+        body = await read_body(receive)
+        idem_scope = self.scope_function(tenant, scope["method"], template)
+        fingerprint = fingerprint_body(body, policy.ignore_fields)
+        if policy.mode == COMMITTED_FIRST:
+            answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy)
+        else:
+            answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy)
+        await write(send, answer)
+
+    async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
+                    policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
+        features = await self.client.features(conn)
+        return await self.client.claim(
+            conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
+            wait=policy.wait if features.claim_wait else None,
+            token=(token or uuid.uuid4()) if features.claim_token else None)
+
+    async def claim_committed(self, idem_scope: str, key: str, fingerprint: str, policy: RoutePolicy) -> Claim:
+        """A committed claim. With an extension that takes the caller's token, a claim whose
+        connection broke (maybe during its commit) is repeated once with the same token: it
+        answers `claimed` again if the first one did commit."""
+        token = uuid.uuid4()
+        try:
+            async with self.pool.connection() as conn:
+                return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
+        except psycopg.OperationalError as e:
+            if not (self.client.known_features and self.client.known_features.claim_token):
+                raise
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token",
+                        idem_scope, key, e)
+        async with self.pool.connection() as conn:
+            return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
+
+    async def same_transaction(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
+                               policy: RoutePolicy) -> Answer:
+        async with self.pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy)
+            except _RolledBack as r:
+                return r.answer
+            except (IdempotencyError, psycopg.Error) as e:
+                log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
+                return http.problem(500, "Internal Server Error", "the request could not be recorded")
+
+    async def in_transaction(self, conn: psycopg.AsyncConnection, scope: Scope, body: bytes, idem_scope: str,
+                             key: str, fingerprint: str, policy: RoutePolicy) -> Answer:
+        """Claim, handler and stored response in the open transaction; raises _RolledBack
+        for answers that are not stored."""
+        claim = await self.claim(conn, idem_scope, key, fingerprint, policy)
+        if not claim.owned:
+            return http.answer_without_work(claim)
+        ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, conn)
+        try:
+            status, headers, out = await run_app(self.app, scope, body, ctx)
+        except Exception:
+            log.exception("handler failed; the claim and its writes are rolled back")
+            failed = http.problem(500, "Internal Server Error", "the request failed; nothing was recorded")
+            raise _RolledBack(failed) from None
+        if not policy.stores(status):
+            raise _RolledBack(Answer(status, headers, out))
+        text, stored = http.storable(policy, headers, out)
+        sent = await self.client.complete(conn, idem_scope, key, claim.token, status,  # type: ignore[arg-type]
+                                          headers=stored, body_json=text)
+        return first_answer(status, headers, stored, sent)
+
+    async def committed_first(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
+                              policy: RoutePolicy) -> Answer:
+        try:
+            claim = await self.claim_committed(idem_scope, key, fingerprint, policy)
+        except (IdempotencyError, psycopg.Error) as e:
+            log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
+                                [("Retry-After", "1")])
+        if not claim.owned:
+            return http.answer_without_work(claim)
+        ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, None)
+        renewer = asyncio.create_task(keep_lease(ctx))
+        try:
+            status, headers, out = await run_app(self.app, scope, body, ctx)
+        except NotOwner:
+            log.warning("%s / %s was taken over while its handler ran: its step was refused", idem_scope, key)
+            return http.fenced_answer()
+        except Exception:
+            log.exception("handler failed")
+            status, headers, out = 500, [], b""
+            failed = True
+        else:
+            failed = False
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        if not policy.stores(status):
+            if ctx.point is None:
+                async with self.pool.connection() as conn:
+                    await self.client.release(conn, idem_scope, key, claim.token)  # type: ignore[arg-type]
+            if failed:
+                return http.problem(500, "Internal Server Error", "the request failed")
+            return Answer(status, headers, out)
+        if failed:
+            problem = http.problem(500, "Internal Server Error", "the request failed")
+            status, headers, out = problem.status, problem.headers, problem.body
+        text, stored = http.storable(policy, headers, out)
+        try:
+            async with self.pool.connection() as conn:
+                sent = await self.client.complete(conn, idem_scope, key, claim.token, status,  # type: ignore[arg-type]
+                                                  headers=stored, body_json=text)
+        except (NotOwner, NoLiveRecord) as e:
+            log.warning("late completion refused for %s / %s (%s): the claim was taken over", idem_scope, key,
+                        e.sqlstate)
+            return http.fenced_answer()
+        return first_answer(status, headers, stored, sent)
+
+
+class _RolledBack(Exception):
+    def __init__(self, answer: Answer):
+        self.answer = answer
+
+
+def first_answer(status: int, headers: list[tuple[str, str]], stored: dict[str, str], sent: str | None) -> Answer:
+    """The handler's answer with the body as a replay will send it (jsonb's text form)."""
+    body = http.stored_answer(status, stored, sent).body
+    return Answer(status, [(n, v) for n, v in headers if n.lower() != "content-length"], body)
+
+
+async def keep_lease(ctx: AsyncIdempotencyContext) -> None:
+    period = (ctx.policy.lease.total_seconds() if ctx.policy.lease else 300) / 3
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await ctx.renew()
+        except NotOwner:
+            ctx.lost = True
+            log.warning("lease of %s / %s lost: taken over", ctx.scope, ctx.key)
+            return
+        except Exception as e:  # the next renewal may work; the lease still runs meanwhile
+            log.warning("lease renewal of %s / %s failed: %s", ctx.scope, ctx.key, e)
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def run_app(app: Callable[..., Awaitable[None]], scope: Scope, body: bytes,
+                  ctx: AsyncIdempotencyContext) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Runs the app with the already-read body and the context in scope["state"]; returns
+    its whole answer."""
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # like a client that stays connected
+        return {"type": "http.disconnect"}
+
+    status, headers, chunks = 500, [], []
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in message.get("headers", [])]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    app_scope = dict(scope)
+    app_scope["state"] = {**scope.get("state", {}), "idempotency": ctx}
+    await app(app_scope, receive, send)
+    return status, headers, b"".join(chunks)
+
+
+async def write(send: Send, answer: Answer) -> None:
+    headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in answer.headers
+               if n.lower() != "content-length"]
+    headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})

@@ -1,0 +1,250 @@
+"""Django middleware (WSGI or ASGI with sync views), on Django's own database connection
+(the psycopg 3 backend), so same-transaction handlers write with the ORM in the claim's
+transaction.
+
+    MIDDLEWARE = [..., "pg_idempotency.django.IdempotencyMiddleware"]
+    IDEMPOTENCY = {
+        "ROUTES": {"POST /charges": RoutePolicy(),
+                   "POST /charges/external": RoutePolicy(mode=COMMITTED_FIRST)},
+        "TENANT": "myapp.auth.tenant_of",     # callable(request) -> str, or its dotted path
+        "DATABASE": "default",
+    }
+
+Views find an `IdempotencyContext` in `request.idempotency`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import psycopg
+from django.conf import settings
+from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse
+from django.utils.module_loading import import_string
+
+from . import http
+from .client import Claim, Idempotency
+from .context import ClaimContext
+from .errors import IdempotencyError, NoLiveRecord, NotOwner
+from .fingerprint import fingerprint_body
+from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
+from .routes import RouteTable
+
+log = logging.getLogger("pg_idempotency")
+
+def default_tenant(request: HttpRequest) -> str:
+    user = getattr(request, "user", None)
+    return str(user.pk) if user is not None and getattr(user, "is_authenticated", False) else "anonymous"
+
+
+def raw_connection(alias: str) -> psycopg.Connection:
+    """The psycopg connection under Django's connection `alias` (this thread's)."""
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    return wrapper.connection
+
+
+class IdempotencyContext(ClaimContext):
+    """What a protected view gets: the claim, and for committed-first routes `step()` to
+    run a side effect fenced and recorded."""
+
+    def __init__(self, client: Idempotency, alias: str, scope: str, key: str, claim: Claim, policy: RoutePolicy):
+        super().__init__(scope, key, claim, policy)
+        self.client, self.alias = client, alias
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def step(self, recovery_point: str, recovery_data: Any = None) -> Iterator[None]:
+        """Committed-first: one side effect in a transaction (use the ORM inside) that
+        commits together with its checkpoint; NotOwner (taken over) rolls it back."""
+        with self._lock, transaction.atomic(using=self.alias):
+            yield
+            self.client.checkpoint(raw_connection(self.alias), self.scope, self.key, self.token,  # type: ignore[arg-type]
+                                   recovery_point, recovery_data, self.policy.lease)
+        self.point, self.data = recovery_point, recovery_data
+
+    def renew(self) -> None:
+        """From the renewal thread, on that thread's own connection."""
+        with self._lock:
+            self.client.checkpoint(raw_connection(self.alias), self.scope, self.key, self.token,  # type: ignore[arg-type]
+                                   self.renewal_point(), self.data, self.policy.lease)
+
+
+class LeaseKeeper(threading.Thread):
+    def __init__(self, ctx: IdempotencyContext):
+        super().__init__(daemon=True, name=f"lease {ctx.key}")
+        self.ctx, self.stopped = ctx, threading.Event()
+
+    def run(self) -> None:
+        period = (self.ctx.policy.lease.total_seconds() if self.ctx.policy.lease else 300) / 3
+        try:
+            while not self.stopped.wait(period):
+                try:
+                    self.ctx.renew()
+                except NotOwner:
+                    self.ctx.lost = True
+                    log.warning("lease of %s / %s lost: taken over", self.ctx.scope, self.ctx.key)
+                    return
+                except Exception as e:
+                    log.warning("lease renewal of %s / %s failed: %s", self.ctx.scope, self.ctx.key, e)
+        finally:
+            connections[self.ctx.alias].close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def to_response(answer: Answer) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status)
+    for name, value in answer.headers:
+        if name.lower() != "content-length":
+            response[name] = value
+    response["Content-Length"] = str(len(answer.body))
+    return response
+
+
+class _RolledBack(Exception):
+    def __init__(self, response: HttpResponse):
+        self.response = response
+
+
+class IdempotencyMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+        config = getattr(settings, "IDEMPOTENCY", {})
+        self.routes = RouteTable(config.get("ROUTES", {}))
+        tenant = config.get("TENANT", default_tenant)
+        self.tenant = import_string(tenant) if isinstance(tenant, str) else tenant
+        scope_function = config.get("SCOPE", http.default_scope)
+        self.scope_function = import_string(scope_function) if isinstance(scope_function, str) else scope_function
+        self.alias = config.get("DATABASE", "default")
+        self.client = Idempotency()
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        match = self.routes.match(request.method or "", request.path_info)
+        if match is None:
+            return self.get_response(request)
+        template, policy = match
+        try:
+            tenant = self.tenant(request)
+            raw = request.META.get("HTTP_IDEMPOTENCY_KEY")
+            if raw is None and not policy.required:
+                return self.get_response(request)
+            # WSGI joins repeated header lines with "," (which no valid key holds).
+            key = http.parse_key([] if raw is None else [raw.encode("latin-1")])
+        except Refused as r:
+            return to_response(r.answer)
+        idem_scope = self.scope_function(tenant, request.method, template)
+        fingerprint = fingerprint_body(request.body, policy.ignore_fields)
+        if policy.mode == COMMITTED_FIRST:
+            return self.committed_first(request, idem_scope, key, fingerprint, policy)
+        return self.same_transaction(request, idem_scope, key, fingerprint, policy)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """A protected view that raised answers 500 problem+json (not stored: the
+        transaction rolls back, or the committed-first key is released)."""
+        if getattr(request, "idempotency", None) is None:
+            return None
+        if isinstance(exception, NotOwner):
+            log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
+            return to_response(http.fenced_answer())
+        log.error("view failed: %r", exception, exc_info=exception)
+        return to_response(http.problem(500, "Internal Server Error", "the request failed"))
+
+    def claim(self, conn: psycopg.Connection, idem_scope: str, key: str, fingerprint: str,
+              policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
+        features = self.client.features(conn)
+        return self.client.claim(conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
+                                 wait=policy.wait if features.claim_wait else None,
+                                 token=(token or uuid.uuid4()) if features.claim_token else None)
+
+    def claim_committed(self, idem_scope: str, key: str, fingerprint: str, policy: RoutePolicy) -> Claim:
+        """As asgi's: repeated once, with the same token, on a broken connection."""
+        token = uuid.uuid4()
+        try:
+            return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
+        except psycopg.OperationalError as e:
+            if not (self.client.known_features and self.client.known_features.claim_token):
+                raise
+            log.warning("the claim of %s / %s lost its connection (%s); repeating it with its token",
+                        idem_scope, key, e)
+            connections[self.alias].close()
+        return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
+
+    def same_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
+                         policy: RoutePolicy) -> HttpResponse:
+        try:
+            with transaction.atomic(using=self.alias):
+                try:
+                    return self.in_transaction(request, idem_scope, key, fingerprint, policy)
+                except Exception:
+                    transaction.set_rollback(True, using=self.alias)
+                    raise
+        except _RolledBack as r:
+            return r.response
+        except (IdempotencyError, psycopg.Error) as e:
+            log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
+            return to_response(http.problem(500, "Internal Server Error", "the request could not be recorded"))
+
+    def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
+                       policy: RoutePolicy) -> HttpResponse:
+        conn = raw_connection(self.alias)
+        claim = self.claim(conn, idem_scope, key, fingerprint, policy)
+        if not claim.owned:
+            return to_response(http.answer_without_work(claim))
+        request.idempotency = IdempotencyContext(self.client, self.alias, idem_scope, key, claim, policy)  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        if not policy.stores(response.status_code) or response.streaming:
+            raise _RolledBack(response)
+        text, stored = http.storable(policy, response.items(), response.content)
+        sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
+                                    headers=stored, body_json=text)
+        return with_stored_body(response, stored, sent)
+
+    def committed_first(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
+                        policy: RoutePolicy) -> HttpResponse:
+        if not connections[self.alias].get_autocommit():
+            raise RuntimeError("committed-first routes need autocommit (no ATOMIC_REQUESTS)")
+        try:
+            claim = self.claim_committed(idem_scope, key, fingerprint, policy)
+        except (IdempotencyError, psycopg.Error) as e:
+            log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return to_response(http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
+                                            [("Retry-After", "1")]))
+        conn = raw_connection(self.alias)
+        if not claim.owned:
+            return to_response(http.answer_without_work(claim))
+        ctx = IdempotencyContext(self.client, self.alias, idem_scope, key, claim, policy)
+        request.idempotency = ctx  # type: ignore[attr-defined]
+        keeper = LeaseKeeper(ctx)
+        keeper.start()
+        try:
+            response = self.get_response(request)
+        finally:
+            keeper.stop()
+        if not policy.stores(response.status_code) or response.streaming:
+            if ctx.point is None:
+                self.client.release(conn, idem_scope, key, claim.token)  # type: ignore[arg-type]
+            return response
+        text, stored = http.storable(policy, response.items(), response.content)
+        try:
+            sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
+                                        headers=stored, body_json=text)
+        except (NotOwner, NoLiveRecord) as e:
+            log.warning("late completion refused for %s / %s (%s): the claim was taken over", idem_scope, key,
+                        e.sqlstate)
+            return to_response(http.fenced_answer())
+        return with_stored_body(response, stored, sent)
+
+
+def with_stored_body(response: HttpResponse, stored: dict[str, str], sent: str | None) -> HttpResponse:
+    """The view's response with the body as every replay will send it."""
+    response.content = http.stored_answer(response.status_code, stored, sent).body
+    response["Content-Length"] = str(len(response.content))
+    return response

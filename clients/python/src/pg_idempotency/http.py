@@ -1,0 +1,227 @@
+"""Framework-neutral HTTP pieces of the middleware: the Idempotency-Key header, the route
+policy, RFC 9457 problem answers, and how responses are stored and replayed byte for byte.
+No I/O here."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+import http_sfv
+
+from .client import Claim, Outcome
+
+MAX_KEY_CHARS = 255
+PROBLEM_TYPE = "application/problem+json"
+REPLAYED_HEADER = ("Idempotent-Replayed", "true")
+
+SAME_TRANSACTION = "same_transaction"
+COMMITTED_FIRST = "committed_first"
+Mode = Literal["same_transaction", "committed_first"]
+
+# Answers that mean "the request was refused before any work": not stored, the key is
+# released (committed first) or the transaction rolled back (same transaction).
+REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429})
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """How one route is protected.
+
+    mode            same_transaction: the handler gets the open transaction; claim, its
+                    writes and the stored response commit together. committed_first: the
+                    claim commits at once with `lease`, renewed while the handler runs.
+    ignore_fields   top-level JSON fields left out of the fingerprint.
+    required        a request without Idempotency-Key gets 400 (else it runs unprotected).
+    lease / ttl     None: the extension's settings. lease is also the renewal period / 3.
+    store_5xx       store 5xx answers (replayed later) instead of releasing the key.
+    headers         response headers stored and replayed.
+    wait            with an extension that has idem_claim(wait): how long a duplicate waits
+                    for the owner before answering 409.
+    """
+
+    mode: Mode = SAME_TRANSACTION
+    ignore_fields: tuple[str, ...] = ()
+    required: bool = True
+    lease: timedelta | None = timedelta(seconds=10)
+    ttl: timedelta | None = None
+    store_5xx: bool = False
+    headers: tuple[str, ...] = ("Location", "Content-Type")
+    wait: timedelta | None = None
+    refused_statuses: frozenset[int] = field(default=REFUSED_STATUSES)
+
+    def stores(self, status: int) -> bool:
+        """Whether an answer with this status is stored (else the key is given back)."""
+        if status >= 500:
+            return self.store_5xx
+        return status not in self.refused_statuses
+
+
+@dataclass
+class Answer:
+    """An HTTP answer the middleware writes itself."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Refused(Exception):
+    """Raised by a scope or tenant function (or the key parser) to answer at once with a
+    problem, before anything is claimed."""
+
+    def __init__(self, status: int, title: str, detail: str, headers: Sequence[tuple[str, str]] = ()):
+        super().__init__(detail)
+        self.answer = problem(status, title, detail, headers)
+
+
+def problem(status: int, title: str, detail: str, headers: Iterable[tuple[str, str]] = ()) -> Answer:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    return Answer(status, [("Content-Type", PROBLEM_TYPE), *headers], body)
+
+
+_BARE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
+
+
+def parse_key(values: Sequence[bytes]) -> str:
+    """The key from the raw values of every Idempotency-Key field line; raises Refused(400).
+
+    The field is an RFC 8941 sf-string (parsed by http-sfv). A bare sf-token is accepted as
+    the same key, and so is a bare value of token characters starting with a digit (bare
+    UUIDs, as most clients send them). Parameters are refused. 1-255 printable ASCII."""
+    if not values:
+        raise Refused(400, "Missing Idempotency-Key", "this route requires an Idempotency-Key header")
+    if len(values) > 1:
+        raise Refused(400, "Bad Idempotency-Key", "the Idempotency-Key header must appear once")
+    raw = values[0].strip(b" \t")
+    item = http_sfv.Item()
+    try:
+        item.parse(raw)
+        value = item.value
+        ok = isinstance(value, str) and not item.params  # String and Token are both str
+    except ValueError:
+        value, ok = None, False
+    if not ok:
+        if not _BARE.fullmatch(raw):
+            raise Refused(400, "Bad Idempotency-Key",
+                          "the Idempotency-Key must be a quoted string (RFC 8941) of printable ASCII")
+        value = raw.decode("ascii")
+    assert isinstance(value, str)
+    if not 1 <= len(value) <= MAX_KEY_CHARS:
+        raise Refused(400, "Bad Idempotency-Key", f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
+    return value
+
+
+def is_json_type(content_type: str | None) -> bool:
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+# Kept in the stored response_headers beside the real ones (not a valid header name, so it
+# never collides with one, and never sent): how a body that is not JSON was stored.
+ENCODING_MARK = ":body-encoding"
+
+
+def body_to_store(content_type: str | None, body: bytes) -> tuple[str, str | None]:
+    """The response body as JSON text for idem_complete, and its encoding mark. JSON bodies
+    are stored as they are (and sent in jsonb's text form, so the first answer and every
+    replay agree byte for byte); other bodies as a JSON string: the text ("text"), or the
+    base64 of the bytes when they are not UTF-8 or hold NUL ("base64")."""
+    if is_json_type(content_type):
+        try:
+            text = body.decode("utf-8")
+            json.loads(text, parse_constant=_refuse)
+            return text, None
+        except ValueError:
+            pass
+    try:
+        text = body.decode("utf-8")
+        if "\x00" not in text:  # jsonb strings cannot hold NUL
+            return json.dumps(text), "text"
+    except UnicodeDecodeError:
+        pass
+    return json.dumps(base64.b64encode(body).decode("ascii")), "base64"
+
+
+def _refuse(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def body_to_send(stored_text: str | None, mark: str | None) -> bytes:
+    """The bytes of a stored body (the inverse of body_to_store, jsonb text in)."""
+    if stored_text is None:
+        return b""
+    if mark == "text":
+        return json.loads(stored_text).encode("utf-8")
+    if mark == "base64":
+        return base64.b64decode(json.loads(stored_text))
+    return stored_text.encode("utf-8")
+
+
+def stored_answer(status: int, stored_headers: Mapping[str, Any] | None, stored_text: str | None) -> Answer:
+    """The answer a stored response gives: the first time and on every replay alike."""
+    stored = dict(stored_headers or {})
+    mark = stored.pop(ENCODING_MARK, None)
+    return Answer(status, [(str(n), str(v)) for n, v in stored.items()], body_to_send(stored_text, mark))
+
+
+def selected_headers(headers: Iterable[tuple[str, str]], allow: Iterable[str]) -> dict[str, str]:
+    """The allow-listed response headers, as stored (names as the allow-list spells them)."""
+    wanted = {name.lower(): name for name in allow}
+    return {wanted[n.lower()]: v for n, v in headers if n.lower() in wanted}
+
+
+def storable(policy: RoutePolicy, headers: Iterable[tuple[str, str]], body: bytes) -> tuple[str, dict[str, str]]:
+    """(body as JSON text, headers to store) for idem_complete."""
+    headers = list(headers)
+    text, mark = body_to_store(header_value(headers, "Content-Type"), body)
+    stored = selected_headers(headers, policy.headers)
+    if mark:
+        stored[ENCODING_MARK] = mark
+    return text, stored
+
+
+def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    return next((v for n, v in headers if n.lower() == name.lower()), None)
+
+
+def replay_answer(claim: Claim) -> Answer:
+    answer = stored_answer(claim.response_status or 500, claim.response_headers, claim.response_body_text)
+    answer.headers.append(REPLAYED_HEADER)
+    return answer
+
+
+def answer_without_work(claim: Claim) -> Answer:
+    """The answer to every outcome but claimed / reclaimed."""
+    if claim.outcome == Outcome.REPLAY:
+        return replay_answer(claim)
+    if claim.outcome == Outcome.IN_PROGRESS:
+        return problem(409, "Request in progress",
+                       "a request with this Idempotency-Key is still being processed; retry later",
+                       [("Retry-After", str(claim.retry_after or 1))])
+    if claim.outcome == Outcome.MISMATCH:
+        return problem(422, "Idempotency-Key reused",
+                       "this Idempotency-Key was used with a different request")
+    if claim.outcome == Outcome.EXPIRED:
+        return problem(410, "Idempotency-Key expired",
+                       "this Idempotency-Key was used before and its stored response has expired")
+    raise ValueError(f"outcome {claim.outcome} needs work, not an answer")
+
+
+def fenced_answer() -> Answer:
+    """A committed-first handler whose claim was taken over meanwhile: not a success."""
+    return problem(409, "Request taken over",
+                   "another attempt with this Idempotency-Key took the request over; retry to get its answer",
+                   [("Retry-After", "1")])
+
+
+def default_scope(tenant: str, method: str, route: str) -> str:
+    return f"{tenant}:{method} {route}"
+
+
+ScopeFunction = Callable[..., str]
+Headers = Mapping[str, str]

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The Python package's suite, on a fresh Debian 12 machine as root:
+#   1. apt: pgbouncer (when missing); a venv (clients/python/.venv, or $IDEM_PY_VENV) with the
+#      pinned packages of constraints.txt; the package built (python -m build) and its wheel
+#      installed into the venv with the test extras
+#   2. a throwaway PostgreSQL 15 cluster with the extension, and PgBouncer (transaction
+#      pooling) in front of it
+#   3. pytest: the client and the fingerprint against the real extension, the FastAPI
+#      (uvicorn) and Django (gunicorn) demo apps as real servers over real HTTP, directly and
+#      through PgBouncer
+# Last line: "python-client: N passed, M failed" (from pytest's junit report; skipped tests are
+# listed with their reason and not counted as passed). Exit code non-zero on any failure.
+#   IDEM_PY_PORT (default: tests/lib.sh's "python" port; PgBouncer on +1), IDEM_PY_DIR,
+#   IDEM_PY_HTTP_PORT (first port for the demo servers; default: ports the kernel picks)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../tests/lib.sh" || exit 2
+
+port=${IDEM_PY_PORT:-$(port_of python)}
+bouncer_port=$((port + 1))
+dir=${IDEM_PY_DIR:-$(dir_of python)}
+venv=${IDEM_PY_VENV:-$here/.venv}
+
+give_up() {
+    echo "python-client: $*" >&2
+    echo "python-client: 0 passed, 1 failed"
+    exit 1
+}
+
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "== apt-get install pgbouncer"
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer) \
+        >/dev/null || give_up "could not install pgbouncer"
+fi
+PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+
+echo "== venv $venv"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv" || give_up "python3 -m venv failed"
+fi
+py=$venv/bin/python
+stamp=$venv/.constraints.sha
+want=$(sha256sum "$here/constraints.txt" "$here/pyproject.toml" | sha256sum | cut -c1-64)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" build setuptools wheel \
+        || give_up "pip install (build tools) failed"
+fi
+echo "== python -m build"
+rm -rf "$here/dist"
+(cd "$here" && "$py" -m build --no-isolation --outdir dist . >"$dir.build.log" 2>&1) ||
+    { cat "$dir.build.log"; give_up "python -m build failed"; }
+wheel=$(ls "$here"/dist/pg_idempotency-*.whl)
+"$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel" || give_up "installing the wheel failed"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "$wheel[test]" \
+        || give_up "pip install (test extras) failed"
+    echo "$want" >"$stamp"
+fi
+
+if ! extension_installed; then
+    echo "== the extension is not installed into PostgreSQL $PG_MAJOR: cargo pgrx install --release"
+    (cd "$ROOT" && cargo pgrx install --release --pg-config "$(pg_config_for "$PG_MAJOR")" >"$dir.install.log" 2>&1) ||
+        { tail -20 "$dir.install.log"; give_up "the extension could not be installed (scripts/install-deps.sh first)"; }
+fi
+
+cleanup() {
+    [ -f "$dir/bouncer/pgbouncer.pid" ] && kill "$(cat "$dir/bouncer/pgbouncer.pid")" 2>/dev/null
+    cluster_stop "$dir"
+}
+trap cleanup EXIT
+echo "== PostgreSQL $PG_MAJOR on port $port, PgBouncer on $bouncer_port ($dir)"
+cluster_fresh "$dir" "$port" || give_up "the cluster did not start"
+as_postgres mkdir -p "$dir/bouncer"
+as_postgres tee "$dir/bouncer/pgbouncer.ini" >/dev/null <<INI
+[databases]
+prep_check = host=127.0.0.1 port=$port dbname=idem_py
+* = host=127.0.0.1 port=$port
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $bouncer_port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/bouncer/users.txt
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 300
+logfile = $dir/bouncer/pgbouncer.log
+pidfile = $dir/bouncer/pgbouncer.pid
+INI
+echo '"postgres" ""' | as_postgres tee "$dir/bouncer/users.txt" >/dev/null
+as_postgres "$PGBOUNCER" -d "$dir/bouncer/pgbouncer.ini" || give_up "pgbouncer did not start"
+echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
+
+export IDEM_PY_DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
+export IDEM_PY_PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres"
+export IDEM_PY_LOG_DIR="$dir/logs"
+mkdir -p "$IDEM_PY_LOG_DIR"
+echo "== pytest"
+(cd "$here" && "$py" -m pytest -p no:cacheprovider -rs -q --junitxml="$dir/junit.xml" tests)
+rc=$?
+read -r total fails errors skips < <("$py" - "$dir/junit.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+t = f = e = s = 0
+for suite in ET.parse(sys.argv[1]).getroot().iter("testsuite"):
+    t += int(suite.get("tests", 0)); f += int(suite.get("failures", 0))
+    e += int(suite.get("errors", 0)); s += int(suite.get("skipped", 0))
+print(t, f, e, s)
+PY
+) || give_up "no pytest report (exit code $rc)"
+passed=$((total - fails - errors - skips))
+failed=$((fails + errors))
+[ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
+[ "$skips" -gt 0 ] && echo "($skips skipped, each with its reason above; not counted as passed)"
+echo "python-client: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,135 @@
+//! SQLSTATEs of the extension (README, "Error codes") mapped to one error enum.
+
+use std::fmt;
+
+/// What a call of the client can fail with.
+#[derive(Debug)]
+pub enum Error {
+    /// 22004: an argument is NULL where a value is required.
+    NullArgument(tokio_postgres::Error),
+    /// 22023: a bad argument value (empty or too long key, bad ttl or lease, status out of range).
+    InvalidArgument(tokio_postgres::Error),
+    /// 54000: a response or checkpoint larger than `idempotency.max_response_size`.
+    TooLarge(tokio_postgres::Error),
+    /// IK001: no live record for (scope, key): never claimed, released, or expired.
+    NoRecord(tokio_postgres::Error),
+    /// IK002: the token no longer owns the record (taken over): do not report success.
+    NotOwner(tokio_postgres::Error),
+    /// IK003: the record is already completed by this token.
+    AlreadyCompleted(tokio_postgres::Error),
+    /// 25006: a write function on a hot standby.
+    ReadOnly(tokio_postgres::Error),
+    /// 40001, 40P01: serialization failure or deadlock; the transaction may be retried.
+    Retry(tokio_postgres::Error),
+    /// 55P03: `lock_timeout` ran out behind another transaction's claim of the same key.
+    LockTimeout(tokio_postgres::Error),
+    /// 42501: the role lacks the grants, or row-level security refused the row.
+    Privilege(tokio_postgres::Error),
+    /// Any other database or connection error.
+    Db(tokio_postgres::Error),
+    /// Taking a connection from the pool failed.
+    Pool(deadpool_postgres::PoolError),
+    /// The installed extension lacks this function (an older release).
+    Unsupported(&'static str),
+    /// `idem_claim` answered an outcome this client does not know.
+    UnknownOutcome(String),
+}
+
+impl Error {
+    /// The SQLSTATE, when the server sent one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.db_error()?.code().map(|c| c.code())
+    }
+
+    fn db_error(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            Error::NullArgument(e)
+            | Error::InvalidArgument(e)
+            | Error::TooLarge(e)
+            | Error::NoRecord(e)
+            | Error::NotOwner(e)
+            | Error::AlreadyCompleted(e)
+            | Error::ReadOnly(e)
+            | Error::Retry(e)
+            | Error::LockTimeout(e)
+            | Error::Privilege(e)
+            | Error::Db(e) => Some(e),
+            Error::Pool(_) | Error::Unsupported(_) | Error::UnknownOutcome(_) => None,
+        }
+    }
+
+    /// The claim was lost (taken over or gone): the caller must not report success.
+    pub fn lost_claim(&self) -> bool {
+        matches!(self, Error::NotOwner(_) | Error::NoRecord(_))
+    }
+
+    /// Nothing was written and the same request may simply be tried again.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Error::Retry(_) | Error::LockTimeout(_))
+    }
+
+    /// The connection broke (the server is gone or the network failed): whether the last
+    /// statement took effect is unknown.
+    pub fn connection_lost(&self) -> bool {
+        match self {
+            Error::Db(e) => e.code().is_none() && (e.is_closed() || e.as_db_error().is_none()),
+            Error::Pool(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let code = e.code().map(|c| c.code().to_owned());
+        match code.as_deref() {
+            Some("22004") => Error::NullArgument(e),
+            Some("22023") => Error::InvalidArgument(e),
+            Some("54000") => Error::TooLarge(e),
+            Some("IK001") => Error::NoRecord(e),
+            Some("IK002") => Error::NotOwner(e),
+            Some("IK003") => Error::AlreadyCompleted(e),
+            Some("25006") => Error::ReadOnly(e),
+            Some("40001" | "40P01") => Error::Retry(e),
+            Some("55P03") => Error::LockTimeout(e),
+            Some("42501") => Error::Privilege(e),
+            _ => Error::Db(e),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Error::Pool(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Pool(e) => write!(f, "database pool: {e}"),
+            Error::Unsupported(what) => {
+                write!(f, "the installed idempotency extension has no {what}")
+            }
+            Error::UnknownOutcome(w) => write!(f, "idem_claim answered an unknown outcome {w:?}"),
+            _ => {
+                let e = self.db_error().expect("a database error");
+                match (e.as_db_error(), self.sqlstate()) {
+                    (Some(db), Some(code)) => write!(f, "{} ({code})", db.message()),
+                    _ => write!(f, "{e}"),
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Pool(e) => Some(e),
+            _ => self
+                .db_error()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! Idempotency-Key for axum / tower on top of the `idempotency` PostgreSQL extension.
+//!
+//! - [`client`]: the extension's SQL functions, typed ([`Outcome`], [`Claim`], [`Error`]).
+//! - [`IdempotencyLayer`]: a tower `Layer` for an axum route, in same-transaction or
+//!   committed-first mode; handlers take the [`Idem`] extractor and write through
+//!   [`Idem::db`].
+//!
+//! See README.md for the whole setup.
+
+// Result<_, Response> is axum's idiom for "answer this now"; a Response is large, that is fine.
+#![allow(clippy::result_large_err)]
+
+pub mod client;
+mod error;
+mod handle;
+pub mod key;
+mod layer;
+pub mod response;
+mod run;
+
+pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};
+pub use error::Error;
+pub use handle::{Db, Disposition, Idem};
+pub use layer::{route_of, IdempotencyLayer, Idempotent, Mode, OnServerError, ScopeFn};

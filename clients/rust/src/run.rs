@@ -1,0 +1,510 @@
+//! Running a request under its claim, in each mode: the claim, the handler in a task of its
+//! own, then storing, releasing or keeping the claim by the response's disposition.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body, Bytes};
+use axum::extract::Request;
+use axum::http::request::Parts;
+use axum::response::Response;
+use deadpool_postgres::Object;
+use serde_json::Value;
+use tokio::sync::Mutex;
+use tower_service::Service;
+
+use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
+use crate::error::Error;
+use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
+use crate::layer::{IdempotencyLayer, Mode, OnServerError};
+use crate::response::{body_bytes, from_stored, in_progress, problem, to_stored};
+
+pub(crate) fn error_response(what: &str, e: &Error) -> Response {
+    if e.retryable() {
+        return in_progress(
+            1,
+            "Another request with this Idempotency-Key is being processed. Retry later.",
+        );
+    }
+    log::error!("pg-idempotency: {what}: {e}");
+    problem(
+        500,
+        "internal",
+        "Internal error",
+        "The request failed; it was not carried out.",
+    )
+}
+
+/// The answers to `replay`, `in_progress`, `mismatch` and `expired`: the handler does not run.
+pub(crate) fn answer_without_work(c: &Claim) -> Response {
+    match c.outcome {
+        Outcome::Replay => {
+            let headers = c.response_headers.clone().unwrap_or(Value::Null);
+            let body = body_bytes(&headers, c.response_body.as_ref(), c.response_body_text.as_deref());
+            from_stored(c.response_status.unwrap_or(500), &headers, body, true)
+        }
+        Outcome::InProgress => in_progress(
+            c.lease_left.map_or(1, |d| d.as_secs_f64().ceil() as u64),
+            "The first request with this Idempotency-Key is still being processed. Retry later.",
+        ),
+        Outcome::Mismatch => problem(
+            422,
+            "idempotency-key-reused",
+            "Idempotency-Key is already used",
+            "This Idempotency-Key was used with a different request payload. Use a new key for a new request.",
+        ),
+        Outcome::Expired => problem(
+            410,
+            "idempotency-key-expired",
+            "Idempotency-Key has expired",
+            "This Idempotency-Key was used and has expired. Use a new key for a new request.",
+        ),
+        Outcome::Claimed | Outcome::Reclaimed => unreachable!("the caller owns the claim"),
+    }
+}
+
+pub(crate) struct Claiming<'a> {
+    pub(crate) cfg: &'a IdempotencyLayer,
+    pub(crate) features: Features,
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) body: Bytes,
+}
+
+impl Claiming<'_> {
+    async fn claim(
+        &self,
+        db: &tokio_postgres::Client,
+        lease: Option<Duration>,
+        token: uuid::Uuid,
+    ) -> Result<Claim, Error> {
+        let json: Option<Value> = serde_json::from_slice(&self.body).ok();
+        let fingerprint = match &json {
+            Some(v) => Fingerprint::Json(v, &self.cfg.ignore),
+            None => Fingerprint::Bytes(&self.body),
+        };
+        let args = ClaimArgs {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint,
+            ttl: self.cfg.ttl,
+            lease,
+            wait: self.cfg.wait,
+            token: Some(token),
+        };
+        let c = client::claim(db, self.features, &args).await?;
+        log::info!(
+            "pg-idempotency: {} key={:?} outcome={:?}",
+            self.scope,
+            self.key,
+            c.outcome
+        );
+        Ok(c)
+    }
+
+    fn shared(&self, claim: &Claim, conn: Option<Object>) -> Arc<Shared> {
+        let point = claim.recovery_point.clone().filter(|p| p != NO_CHECKPOINT);
+        Arc::new(Shared {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+            token: claim.token.expect("an owned claim has a token"),
+            outcome: claim.outcome,
+            attempts: claim.attempts.unwrap_or(1),
+            committed_first: self.cfg.mode == Mode::CommittedFirst,
+            pool: self.cfg.pool.clone(),
+            lease: self.cfg.lease,
+            progress: StdMutex::new((point, claim.recovery_data.clone())),
+            renewing: AtomicBool::new(true),
+            conn: Arc::new(Mutex::new(conn)),
+            tx_begun: AtomicBool::new(false),
+        })
+    }
+
+    /// What to do with the handler's response.
+    fn disposition(&self, r: &Response) -> Disposition {
+        if let Some(d) = r.extensions().get::<Disposition>() {
+            return *d;
+        }
+        match (r.status().is_server_error(), self.cfg.on_server_error) {
+            (false, _) | (true, OnServerError::Store) => Disposition::Store,
+            (true, OnServerError::Release) => Disposition::Release,
+        }
+    }
+}
+
+/// Runs the handler in a task of its own, so that a panic becomes a 500.
+async fn run_handler<S>(mut inner: S, parts: Parts, body: Bytes, idem: Idem) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let mut req = Request::from_parts(parts, Body::from(body));
+    req.extensions_mut().insert(idem);
+    if let Err(never) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        match never {}
+    }
+    let fut = inner.call(req);
+    match tokio::spawn(fut).await {
+        Ok(Ok(r)) => r,
+        Err(e) => {
+            log::error!("pg-idempotency: the handler failed: {e}");
+            problem(500, "internal", "Internal error", "The request failed.")
+        }
+    }
+}
+
+/// A connection inside a transaction that is dropped from the pool unless it ends cleanly:
+/// it never goes back to the pool in a transaction.
+struct InTransaction(Option<Object>);
+
+impl InTransaction {
+    async fn end(mut self, commit: bool) -> Result<(), Error> {
+        let conn = self.0.as_ref().expect("open");
+        let result = conn
+            .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
+            .await;
+        if result.is_ok() {
+            self.0.take(); // back to the pool, outside any transaction
+        }
+        result.map_err(Error::from)
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            // Still in a transaction: close the connection (the server rolls back).
+            drop(Object::take(conn));
+        }
+    }
+}
+
+pub(crate) async fn same_transaction<S>(r: Claiming<'_>, parts: Parts, inner: S) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = match r.cfg.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return error_response("pool", &Error::from(e)),
+    };
+    let begin = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+        r.cfg.lock_timeout.as_millis()
+    );
+    if let Err(e) = conn.batch_execute(&begin).await {
+        return error_response("BEGIN", &Error::from(e));
+    }
+    let tx = InTransaction(Some(conn));
+    // A duplicate of a request whose transaction is still open waits here (the unique index),
+    // then answers `replay` (it committed) or `claimed` (it rolled back).
+    let token = uuid::Uuid::new_v4();
+    let claim = match r.claim(tx.0.as_ref().expect("open"), None, token).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = tx.end(false).await;
+            return error_response("idem_claim", &e);
+        }
+    };
+    if !claim.outcome.owns() {
+        let answer = answer_without_work(&claim);
+        let _ = tx.end(false).await; // the claim wrote nothing
+        return answer;
+    }
+    let mut tx = tx;
+    let shared = r.shared(&claim, tx.0.take());
+    let response = run_handler(inner, parts, r.body.clone(), Idem(shared.clone())).await;
+    let Some(conn) = shared.conn.lock().await.take() else {
+        return problem(
+            500,
+            "internal",
+            "Internal error",
+            "The transaction was lost.",
+        );
+    };
+    let tx = InTransaction(Some(conn));
+    match r.disposition(&response) {
+        Disposition::Store => {
+            match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
+                Ok(answer) => match tx.end(true).await {
+                    Ok(()) => answer,
+                    Err(e) => error_response("COMMIT", &e),
+                },
+                Err(answer) => {
+                    let _ = tx.end(false).await;
+                    answer
+                }
+            }
+        }
+        Disposition::Release | Disposition::Keep => {
+            let _ = tx.end(false).await; // the claim goes with the rollback
+            response
+        }
+    }
+}
+
+/// `idem_complete` of the handler's response on `db`; the answer to send (the stored bytes).
+/// An error answer when it cannot be stored (the caller rolls back or releases).
+async fn store(
+    r: &Claiming<'_>,
+    shared: &Shared,
+    db: &tokio_postgres::Client,
+    response: Response,
+) -> Result<Response, Response> {
+    let (parts, body) = response.into_parts();
+    let bytes = to_bytes(body, usize::MAX).await.map_err(|e| {
+        log::error!("pg-idempotency: reading the handler's response: {e}");
+        problem(
+            500,
+            "internal",
+            "Internal error",
+            "The response could not be read.",
+        )
+    })?;
+    let stored = match to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers) {
+        Ok(s) => s,
+        Err(why) => {
+            log::error!(
+                "pg-idempotency: the response cannot be stored ({}); claim released",
+                why.0
+            );
+            return Err(problem(
+                500,
+                "internal",
+                "Internal error",
+                "The response could not be stored.",
+            ));
+        }
+    };
+    let done = client::complete(
+        db,
+        &shared.scope,
+        &shared.key,
+        shared.token,
+        stored.status,
+        stored.body.as_ref(),
+        Some(&stored.headers),
+    )
+    .await;
+    match done {
+        Ok(text) => {
+            let body = body_bytes(&stored.headers, stored.body.as_ref(), text.as_deref());
+            Ok(from_stored(stored.status, &stored.headers, body, false))
+        }
+        Err(e) if e.lost_claim() => {
+            log::warn!(
+                "pg-idempotency: {} key={:?}: late completion fenced ({e}); not reported as success",
+                shared.scope, shared.key
+            );
+            Err(in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result."))
+        }
+        Err(e) => Err(error_response("idem_complete", &e)),
+    }
+}
+
+pub(crate) async fn committed_first<S>(r: Claiming<'_>, parts: Parts, inner: S) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    // With the caller-chosen token (extension 0.4.0), a claim whose connection broke (its
+    // COMMIT may or may not have happened) is repeated once with the same token: the extension
+    // answers `claimed` again if the first one did commit.
+    let token = uuid::Uuid::new_v4();
+    let mut tries = if r.features.claim_wait_and_token {
+        2
+    } else {
+        1
+    };
+    let claim = loop {
+        tries -= 1;
+        let attempt = match r.cfg.pool.get().await {
+            Ok(conn) => r.claim(&conn, Some(r.cfg.lease), token).await,
+            Err(e) => Err(Error::from(e)),
+        };
+        match attempt {
+            Ok(c) => break c,
+            Err(e) if tries > 0 && e.connection_lost() => {
+                log::warn!("pg-idempotency: idem_claim: {e}; repeating it with the same token")
+            }
+            Err(e) => return error_response("idem_claim", &e),
+        }
+    };
+    if !claim.outcome.owns() {
+        return answer_without_work(&claim);
+    }
+    let shared = r.shared(&claim, None);
+    let handler = tokio::spawn(run_handler(
+        inner,
+        parts,
+        r.body.clone(),
+        Idem(shared.clone()),
+    ));
+    let abort = handler.abort_handle();
+    let response = tokio::select! {
+        done = handler => done.unwrap_or_else(|e| {
+            log::error!("pg-idempotency: the handler task failed: {e}");
+            problem(500, "internal", "Internal error", "The request failed.")
+        }),
+        lost = renew(&shared) => {
+            abort.abort();
+            log::warn!("pg-idempotency: {} key={:?}: claim lost while the handler ran ({lost}); handler stopped",
+                       shared.scope, shared.key);
+            return in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.");
+        }
+    };
+    let tx = shared
+        .conn
+        .lock()
+        .await
+        .take()
+        .map(|c| InTransaction(Some(c)));
+    match r.disposition(&response) {
+        Disposition::Store => {
+            let answer = match &tx {
+                Some(tx) => store(&r, &shared, tx.0.as_ref().expect("open"), response).await,
+                None => match r.cfg.pool.get().await {
+                    Ok(conn) => store(&r, &shared, &conn, response).await,
+                    Err(e) => Err(error_response("pool", &Error::from(e))),
+                },
+            };
+            match (answer, tx) {
+                (Ok(answer), Some(tx)) => match tx.end(true).await {
+                    Ok(()) => answer,
+                    Err(e) => error_response("COMMIT", &e),
+                },
+                (Ok(answer), None) => answer,
+                (Err(answer), tx) => {
+                    if let Some(tx) = tx {
+                        let _ = tx.end(false).await;
+                    }
+                    answer
+                }
+            }
+        }
+        Disposition::Release => {
+            if let Some(tx) = tx {
+                let _ = tx.end(false).await;
+            }
+            match r.cfg.pool.get().await {
+                Ok(conn) => {
+                    match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
+                        Ok(true) => log::info!(
+                            "pg-idempotency: {} key={:?}: released",
+                            shared.scope,
+                            shared.key
+                        ),
+                        Ok(false) => log::warn!(
+                            "pg-idempotency: {} key={:?}: release found the claim gone",
+                            shared.scope,
+                            shared.key
+                        ),
+                        Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
+                    }
+                }
+                Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
+            }
+            response
+        }
+        Disposition::Keep => {
+            if let Some(tx) = tx {
+                let _ = tx.end(false).await;
+            }
+            response
+        }
+    }
+}
+
+/// Renews the lease every third of it while renewal is on; returns only when the claim is
+/// lost (IK001/IK002).
+async fn renew(shared: &Shared) -> Error {
+    let every = (shared.lease / 3).max(Duration::from_millis(30));
+    loop {
+        tokio::time::sleep(every).await;
+        if !shared.renewing.load(Ordering::SeqCst) {
+            continue;
+        }
+        let (point, data) = shared.progress.lock().unwrap().clone();
+        let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
+        let result = match shared.pool.get().await {
+            Ok(conn) => {
+                client::checkpoint(
+                    &**conn,
+                    &shared.scope,
+                    &shared.key,
+                    shared.token,
+                    &point,
+                    data.as_ref(),
+                    Some(shared.lease),
+                )
+                .await
+            }
+            Err(e) => Err(Error::from(e)),
+        };
+        match result {
+            Ok(_) => {}
+            Err(e) if e.lost_claim() => return e,
+            Err(e) => log::warn!("pg-idempotency: lease renewal failed (will retry): {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::answer_without_work;
+    use crate::client::{Claim, Outcome};
+
+    fn claim(outcome: Outcome) -> Claim {
+        Claim {
+            outcome,
+            token: None,
+            http_status: None,
+            response_status: None,
+            response_headers: None,
+            response_body: None,
+            response_body_text: None,
+            recovery_point: None,
+            recovery_data: None,
+            attempts: None,
+            expires_at: None,
+            lease_left: None,
+        }
+    }
+
+    #[test]
+    fn outcomes_without_work_map_to_their_answers() {
+        let busy = Claim {
+            lease_left: Some(Duration::from_millis(1200)),
+            ..claim(Outcome::InProgress)
+        };
+        let r = answer_without_work(&busy);
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["retry-after"], "2", "rounded up");
+        let r = answer_without_work(&Claim {
+            lease_left: Some(Duration::ZERO),
+            ..claim(Outcome::InProgress)
+        });
+        assert_eq!(r.headers()["retry-after"], "1", "at least 1");
+        assert_eq!(answer_without_work(&claim(Outcome::Mismatch)).status(), 422);
+        let gone = answer_without_work(&claim(Outcome::Expired));
+        assert_eq!(gone.status(), 410);
+        assert_eq!(gone.headers()["content-type"], "application/problem+json");
+        let replay = Claim {
+            response_status: Some(201),
+            response_headers: Some(json!({"Location": "/a", "Content-Type": "application/json"})),
+            response_body: Some(json!({"id": 1})),
+            response_body_text: Some("{\"id\": 1}".into()),
+            ..claim(Outcome::Replay)
+        };
+        let r = answer_without_work(&replay);
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["location"], "/a");
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+    }
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The pg-idempotency crate's own suite, one command:
+#   1. `cargo package` (the crate packs and builds on its own) and `cargo test --no-run`;
+#   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh);
+#   3. `cargo test`: unit tests, the typed client against the real extension (tests/client.rs),
+#      and the demo app (examples/demo.rs) as real processes over real HTTP (tests/http.rs);
+#   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode.
+# Tests that need what the installed extension lacks say so (SKIP) and are not counted as passed.
+# Environment: RUST_SUITE_PORT (PostgreSQL; pgbouncer on +1), RUST_SUITE_DIR, TEST_PORT_BASE
+# (the demo apps' ports: 8 from there, default 55480), CARGO_TARGET_DIR (default target/clients, shared
+# with examples/charges-api). Last line: "rust: N passed, M failed".
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../tests/lib.sh" || exit 2
+export PATH="$HOME/.cargo/bin:$PATH"
+
+PORT=${RUST_SUITE_PORT:-$(port_of rust)}
+DIR=${RUST_SUITE_DIR:-$(dir_of rust)}
+BOUNCER_PORT=$((PORT + 1))
+export TEST_PORT_BASE=${TEST_PORT_BASE:-55480}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/clients}
+MANIFEST="$here/Cargo.toml"
+SKIP_FILE="$DIR/skips.txt"
+failures=0
+note_failure() { failures=$((failures + 1)); echo "FAIL $1"; }
+
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    apt-get install -y -q pgbouncer >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; } ||
+        echo "could not install pgbouncer"
+fi
+PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+
+echo "== cargo package"
+cargo package --locked --quiet --allow-dirty --manifest-path "$MANIFEST" || note_failure "cargo package"
+echo "== cargo test --no-run"
+cargo test --locked --quiet --no-run --manifest-path "$MANIFEST" || note_failure "cargo test --no-run"
+
+cleanup() {
+    [ -f "$DIR/pgbouncer.pid" ] && kill "$(cat "$DIR/pgbouncer.pid")" 2>/dev/null
+    cluster_stop "$DIR"
+}
+trap cleanup EXIT
+cluster_fresh "$DIR" "$PORT" || { echo "rust: 0 passed, 1 failed"; exit 1; }
+psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "CREATE EXTENSION idempotency" ||
+    { echo "rust: 0 passed, 1 failed"; exit 1; }
+rm -f "$SKIP_FILE"
+as_postgres touch "$SKIP_FILE" 2>/dev/null || touch "$SKIP_FILE"
+chmod 666 "$SKIP_FILE"
+export SKIP_FILE
+
+passed=0
+failed=0
+# Runs cargo test with the given arguments, adds its "test result" lines to the counts.
+run_tests() {
+    local name=$1 log="$DIR/$1.log" status p f line
+    shift
+    echo "== $name"
+    cargo test --locked --manifest-path "$MANIFEST" "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    p=0 f=0
+    while read -r line; do
+        if [[ $line =~ test\ result:\ [a-zA-Z]+\.\ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+            p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
+        fi
+    done <"$log"
+    [ "$status" -ne 0 ] && [ "$f" -eq 0 ] && f=1
+    passed=$((passed + p)); failed=$((failed + f))
+}
+
+export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
+run_tests direct -- --test-threads 4
+
+echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
+as_postgres tee "$DIR/userlist.txt" >/dev/null <<<'"postgres" ""'
+as_postgres tee "$DIR/pgbouncer.ini" >/dev/null <<EOF
+[databases]
+postgres = host=127.0.0.1 port=$PORT dbname=postgres user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $DIR/userlist.txt
+pool_mode = transaction
+admin_users = postgres
+max_client_conn = 300
+default_pool_size = 20
+pidfile = $DIR/pgbouncer.pid
+logfile = $DIR/pgbouncer.log
+EOF
+if as_postgres "$PGBOUNCER" -d "$DIR/pgbouncer.ini"; then
+    sleep 0.5
+    DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" \
+        run_tests pgbouncer --test client --test http --test layer -- --test-threads 4
+    # Proof that the run went through pgbouncer in transaction mode (its admin console).
+    admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
+    mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')
+    xacts=$(admin "SHOW STATS" | awk '$1 == "postgres" { print $2 }')
+    echo "pgbouncer: pool_mode=$mode, transactions carried for database postgres: ${xacts:-none}"
+    if [ "$mode" = transaction ] && [ "${xacts:-0}" -gt 100 ]; then
+        passed=$((passed + 1))
+    else
+        note_failure "the pgbouncer run did not go through pgbouncer in transaction mode"
+    fi
+else
+    note_failure "pgbouncer did not start (see $DIR/pgbouncer.log)"
+fi
+
+skips=$(grep -c '' "$SKIP_FILE" 2>/dev/null || echo 0)
+if [ "$skips" -gt 0 ]; then
+    echo "skipped (not counted as passed):"
+    sed 's/^/  /' "$SKIP_FILE"
+fi
+passed=$((passed - skips))
+failed=$((failed + failures))
+echo "rust: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,248 @@
+//! Test helpers: the database (DATABASE_URL, a throwaway cluster started by test.sh), the demo
+//! app as a real process, and a raw HTTP/1.1 client (so tests can send duplicated or
+//! malformed header lines exactly as written).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_postgres::types::Type;
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL: a database with the idempotency extension (clients/rust/test.sh starts one)",
+    )
+}
+
+pub async fn db() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to DATABASE_URL");
+    tokio::spawn(conn);
+    client
+}
+
+/// Records an honest skip: test.sh counts these and does not count them as passed.
+pub fn skip(why: &str) {
+    eprintln!("SKIP: {why}");
+    if let Ok(path) = std::env::var("SKIP_FILE") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(f, "{why}").unwrap();
+    }
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// Ports from TEST_PORT_BASE (default 56520), one per server.
+pub fn next_port() -> u16 {
+    let base: u16 = std::env::var("TEST_PORT_BASE")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(56520);
+    base + NEXT_PORT.fetch_add(1, Ordering::SeqCst)
+}
+
+fn demo_bin() -> PathBuf {
+    // target/<profile>/deps/<test binary> -> target/<profile>/examples/demo
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("demo")
+}
+
+/// The demo app, killed when dropped.
+pub struct Server {
+    pub port: u16,
+    child: Child,
+}
+
+impl Server {
+    pub async fn start(lease_ms: u64) -> Server {
+        Server::start_on(next_port(), lease_ms).await
+    }
+
+    pub async fn start_on(port: u16, lease_ms: u64) -> Server {
+        let child = Command::new(demo_bin())
+            .args([
+                "--database-url",
+                &database_url(),
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .args([
+                "--lease-ms",
+                &lease_ms.to_string(),
+                "--allow-fault-injection",
+                "--pool-size",
+                "24",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "starting {}: {e} (cargo test builds the example)",
+                    demo_bin().display()
+                )
+            });
+        let mut server = Server { port, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!("the demo app exited with {status}");
+            }
+            if let Ok(r) = request(port, "GET", "/healthz", &[], b"").await {
+                if r.status == 200 {
+                    return server;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the demo app did not come up on port {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    /// An RFC 9457 problem with this status.
+    pub fn is_problem(&self, status: u16) -> bool {
+        let p = self.json();
+        self.status == status
+            && self.header("content-type") == Some("application/problem+json")
+            && p["status"] == status
+            && p["type"].is_string()
+            && p["title"].is_string()
+    }
+}
+
+/// One request on its own connection (`Connection: close`); header lines sent as given.
+pub async fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!(
+        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    ));
+    s.write_all(head.as_bytes()).await?;
+    s.write_all(body).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    parse(&raw).ok_or_else(|| std::io::Error::other("no complete HTTP response"))
+}
+
+fn parse(raw: &[u8]) -> Option<Resp> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    if let Some(len) = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+    {
+        body.truncate(len.1.parse().ok()?);
+    }
+    Some(Resp {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// POST a JSON body with a tenant and (quoted) key plus extra header lines.
+pub async fn post(
+    port: u16,
+    path: &str,
+    tenant: &str,
+    key: Option<&str>,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> Resp {
+    let quoted = key.map(|k| format!("\"{k}\""));
+    let mut headers = vec![("X-Api-Key", tenant)];
+    if let Some(q) = &quoted {
+        headers.push(("Idempotency-Key", q.as_str()));
+    }
+    headers.extend_from_slice(extra);
+    request(port, "POST", path, &headers, body.as_bytes())
+        .await
+        .expect("an HTTP answer")
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+pub async fn charges(db: &tokio_postgres::Client, tenant: &str) -> i64 {
+    let sql = "SELECT count(*) FROM charges WHERE tenant = $1";
+    db.query_typed_one(sql, &[(&tenant, Type::TEXT)])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+pub async fn records(db: &tokio_postgres::Client, tenant: &str) -> i64 {
+    let pattern = format!("{tenant}:%");
+    let sql = "SELECT count(*) FROM idempotency.keys WHERE scope LIKE $1";
+    db.query_typed_one(sql, &[(&pattern, Type::TEXT)])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -1,0 +1,30 @@
+-- Checks of a portable install (psql -f as the database owner), beyond the regress suite:
+-- what is installed and how it is protected. Each line of output is "name|value"; run.sh
+-- compares the values. Run as the owner who installed it.
+\pset format unaligned
+\pset tuples_only on
+
+-- Every contract function, with the native edition's identity arguments and volatility.
+SELECT 'functions|' || string_agg(p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
+                                  || p.provolatile::text || CASE WHEN p.proisstrict THEN ' strict' ELSE '' END
+                                  || ' ' || p.proparallel::text, '; ' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
+  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname !~ '^portable_';
+-- Every function pins search_path (the procedure cannot: it commits, and qualifies every name).
+SELECT 'unpinned|' || coalesce(string_agg(p.oid::regprocedure::text, ', '), '')
+  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.prokind = 'f'
+   AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false);
+-- SECURITY INVOKER everywhere: the caller's table grants decide.
+SELECT 'definer|' || count(*) FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.prosecdef;
+-- Owned by the installing database owner, who is not a superuser.
+SELECT 'owner|' || nspowner::regrole || ' superuser=' || (SELECT rolsuper FROM pg_roles WHERE oid = nspowner)
+  FROM pg_namespace WHERE nspname = 'idempotency';
+-- The defaults in columns, the claim_result columns, the view's columns.
+SELECT 'claim_result|' || string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)
+  FROM pg_attribute a WHERE a.attrelid = 'idempotency.claim_result'::regclass AND a.attnum > 0;
+SELECT 'keys|' || string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum)
+  FROM pg_attribute a WHERE a.attrelid = 'idempotency.keys'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
+SELECT 'storage|' || array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'idempotency.keys'::regclass;
+SELECT 'stats|' || string_agg(a.attname, ', ' ORDER BY a.attnum)
+  FROM pg_attribute a WHERE a.attrelid = 'idempotency.stats'::regclass AND a.attnum > 0;
+SELECT 'defaults|' || string_agg(p.proname || ': ' || coalesce(pg_get_expr(p.proargdefaults, 0), '-'), '; ' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
+  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname ~ '^idem_';

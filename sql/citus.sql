@@ -73,7 +73,7 @@ BEGIN
     END LOOP;
 
     -- The scope-first functions (first argument named scope): idem_claim, idem_complete,
-    -- idem_checkpoint, idem_release, idem_lookup and idem_seen.
+    -- idem_checkpoint, idem_release, idem_lookup, idem_seen and idem_seen_many.
     FOR fn, fn_name, guarded IN
         SELECT p.oid::regprocedure, p.proname::text,
                COALESCE(s.pronamespace OPERATOR(pg_catalog.=) p.pronamespace, false)
@@ -103,7 +103,7 @@ BEGIN
         ELSIF NOT guarded THEN
             action := 'not delegated: this build has no NULL-scope guard; runs on the coordinator';
         ELSE
-            colocate := CASE WHEN fn_name OPERATOR(pg_catalog.=) 'idem_seen'
+            colocate := CASE WHEN fn_name OPERATOR(pg_catalog.=) ANY (ARRAY['idem_seen', 'idem_seen_many'])
                              THEN 'idempotency.messages' ELSE 'idempotency.keys' END;
             EXECUTE 'SELECT pg_catalog.create_distributed_function($1, ''scope'', colocate_with => $2)'
                 USING fn, colocate;

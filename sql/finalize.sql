@@ -23,7 +23,7 @@ SELECT
     (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages,
     (SELECT count(*) FROM idempotency.keys
       WHERE status = 'completed' AND expires_at <= now()
-        AND expires_at > now() - pg_catalog.coalesce(
+        AND expires_at > now() - COALESCE(
               pg_catalog.current_setting('idempotency.tombstone_ttl', true), '0')::interval) AS tombstones;
 
 COMMENT ON VIEW idempotency.stats IS

@@ -37,12 +37,13 @@ extension_sql_file!(
     name = "citus",
     requires = [
         idem_scope_support,
-        idem_claim,
+        idem_claim_wait_token,
         idem_complete,
         idem_checkpoint,
         idem_release,
         idem_lookup,
-        idem_seen
+        idem_seen,
+        idem_seen_many
     ]
 );
 

@@ -131,7 +131,12 @@ unsafe extern "C-unwind" fn check_positive_interval(
     extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    check_interval(newval, extra, validate::positive_interval, c"The value must be a positive interval of at most 10000 years.")
+    check_interval(
+        newval,
+        extra,
+        validate::positive_interval,
+        c"The value must be a positive interval of at most 10000 years.",
+    )
 }
 
 #[pg_guard]

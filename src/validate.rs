@@ -82,12 +82,21 @@ fn total_micros(months: i32, days: i32, micros: i64) -> i128 {
 }
 
 /// idempotency.tombstone_ttl: zero (off) or positive, at most MAX_INTERVAL_YEARS.
-pub fn non_negative_interval(arg: &'static str, months: i32, days: i32, micros: i64) -> Result<(), IdemError> {
+pub fn non_negative_interval(
+    arg: &'static str,
+    months: i32,
+    days: i32,
+    micros: i64,
+) -> Result<(), IdemError> {
     if total_micros(months, days, micros) == 0 {
         return Ok(());
     }
-    positive_interval(arg, months, days, micros)
-        .map_err(|_| IdemError::invalid(arg, format!("must be zero or a positive interval of at most {MAX_INTERVAL_YEARS} years")))
+    positive_interval(arg, months, days, micros).map_err(|_| {
+        IdemError::invalid(
+            arg,
+            format!("must be zero or a positive interval of at most {MAX_INTERVAL_YEARS} years"),
+        )
+    })
 }
 
 /// Longest `wait` of idem_claim, in microseconds: one hour.

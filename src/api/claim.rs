@@ -15,11 +15,11 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiTupleTable;
 use pgrx::{AllocatedByRust, IntoDatum, PgTupleDesc};
 
+use crate::api::wait;
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::record::{Outcome, Status};
 use crate::spi::{self, get, get_not_null, Kind, Statement};
-use crate::api::wait;
 use crate::{settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
@@ -91,8 +91,13 @@ static TAKE_OVER: Statement = Statement {
     columns: &["recovery_point", "recovery_data"],
 };
 
-#[pg_extern(volatile, parallel_unsafe)]
-fn idem_claim(
+// SQL's idem_claim (since 0.4.0, with wait and token). Its C symbol is new
+// (idem_claim_wait_token_wrapper) so that databases still on an older release, whose
+// five-argument idem_claim calls idem_claim_wrapper, keep working with this library until
+// ALTER EXTENSION idempotency UPDATE.
+#[pg_extern(volatile, parallel_unsafe, name = "idem_claim")]
+#[allow(clippy::too_many_arguments)]
+fn idem_claim_wait_token(
     fcinfo: pg_sys::FunctionCallInfo,
     scope: Option<&str>,
     key: Option<&str>,
@@ -103,6 +108,20 @@ fn idem_claim(
     token: default!(Option<Uuid>, "NULL"),
 ) -> pgrx::composite_type!('static, "idempotency.claim_result") {
     claim(scope, key, fingerprint, ttl, lease, wait, token).or_raise().into_tuple(fcinfo)
+}
+
+/// idem_claim of releases 0.1.0 to 0.3.0 (five arguments), for their databases until they
+/// are updated: not in the install script.
+#[pg_extern(sql = false)]
+fn idem_claim(
+    fcinfo: pg_sys::FunctionCallInfo,
+    scope: Option<&str>,
+    key: Option<&str>,
+    fingerprint: Option<&str>,
+    ttl: Option<Interval>,
+    lease: Option<Interval>,
+) -> pgrx::composite_type!('static, "idempotency.claim_result") {
+    claim(scope, key, fingerprint, ttl, lease, None, None).or_raise().into_tuple(fcinfo)
 }
 
 /// The columns of READ that decide the answer.
@@ -177,7 +196,8 @@ fn claim_at(
     request: &Request<'_>,
     now: TimestampWithTimeZone,
 ) -> Result<Answer, IdemError> {
-    let (scope, key, fingerprint, caller_token) = (request.scope, request.key, request.fingerprint, request.token);
+    let (scope, key, fingerprint, caller_token) =
+        (request.scope, request.key, request.fingerprint, request.token);
     let (ttl, lease) = (request.ttl, request.lease);
     let expires_at = now + ttl;
     let lease_end = now + lease;

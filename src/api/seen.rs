@@ -6,8 +6,8 @@ use std::collections::HashSet;
 
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID};
-use pgrx::Array;
 use pgrx::prelude::*;
+use pgrx::Array;
 
 use crate::errors::{IdemError, OrRaise};
 use crate::spi::{self, get_not_null, Kind, Statement};
@@ -59,18 +59,24 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     }))
 }
 
-// $1 scope, $2 the batch's distinct ids in byte order, $3 now, $4 expires_at. Returns the ids
-// recorded now, that is, seen for the first time. Ids already live are left out before the
-// insert, so a batch of duplicates writes nothing and takes no transaction id. The rows are
-// inserted in the order of $2 (a function scan keeps it): two batches that share ids lock
-// them in the same order, so they wait for each other instead of deadlocking.
+// $1 scope, $2 the batch's distinct ids, $3 now: those that are live (seen, not expired).
+// One index scan of the primary key with the ids as array keys.
+static READ_MANY: Statement = Statement {
+    sql: "SELECT message_id FROM idempotency.messages \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.>) $3",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Read,
+    columns: &["message_id"],
+};
+
+// $1 scope, $2 the ids READ_MANY did not find, in byte order, $3 now, $4 expires_at. Returns
+// the ids recorded now. The rows are inserted in the order of $2 (a function scan keeps
+// it): two batches that share ids lock them in the same order, so one waits for the other
+// instead of deadlocking. An id that another transaction recorded meanwhile is not returned.
 static RECORD_MANY: Statement = Statement {
     sql: "INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at) \
           SELECT $1, id, $3, $4 FROM pg_catalog.unnest($2) AS id \
-          WHERE NOT EXISTS (SELECT FROM idempotency.messages AS live \
-                            WHERE live.scope OPERATOR(pg_catalog.=) $1 \
-                              AND live.message_id OPERATOR(pg_catalog.=) id \
-                              AND live.expires_at OPERATOR(pg_catalog.>) $3) \
           ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = $3, expires_at = $4 \
           WHERE m.expires_at OPERATOR(pg_catalog.<=) $3 \
           RETURNING m.message_id",
@@ -105,7 +111,16 @@ fn seen_many(
     let expires_at = now + ttl;
     let distinct = in_lock_order(&ids);
     let recorded: HashSet<String> = Spi::connect_mut(|client| {
-        spi::run(client, &RECORD_MANY, &[scope.into(), distinct.into(), now.into(), expires_at.into()])
+        // A batch of duplicates is answered from this read: nothing written, no transaction id.
+        let live: HashSet<String> =
+            spi::run(client, &READ_MANY, &[scope.into(), distinct.clone().into(), now.into()])
+                .map(|row| get_not_null::<String>(&row, &READ_MANY, "message_id"))
+                .collect();
+        let unseen: Vec<&str> = distinct.into_iter().filter(|id| !live.contains(*id)).collect();
+        if unseen.is_empty() {
+            return HashSet::new();
+        }
+        spi::run(client, &RECORD_MANY, &[scope.into(), unseen.into(), now.into(), expires_at.into()])
             .map(|row| get_not_null::<String>(&row, &RECORD_MANY, "message_id"))
             .collect()
     });

@@ -183,4 +183,48 @@ mod tests {
     fn null_key_is_refused() {
         outcome("'acct', NULL");
     }
+
+    #[pg_test]
+    fn repeated_claim_with_its_token_answers_claimed() {
+        let args = "'acct', 'tk', 'fp', token => '11111111-1111-4111-8111-111111111111'";
+        assert_eq!(outcome(args), "claimed");
+        assert_eq!(outcome(args), "claimed");
+        assert_eq!(
+            outcome("'acct', 'tk', 'fp', token => '22222222-2222-4222-8222-222222222222'"),
+            "in_progress"
+        );
+        let attempts: i32 = one("SELECT attempts FROM idempotency.keys WHERE key = 'tk'");
+        assert_eq!(attempts, 1);
+    }
+
+    #[pg_test]
+    fn expired_completed_record_is_a_tombstone_while_it_lasts() {
+        Spi::run(
+            "INSERT INTO idempotency.keys (scope, key, fingerprint, status, token, response_status,
+                                           created_at, updated_at, expires_at)
+             VALUES ('acct', 'ts', 'fp', 'completed', gen_random_uuid(), 201,
+                     now() - interval '2 days', now() - interval '2 days', now() - interval '1 day')",
+        )
+        .unwrap();
+        Spi::run("SET LOCAL idempotency.tombstone_ttl = '7 days'").unwrap();
+        assert_eq!(outcome("'acct', 'ts', 'fp'"), "expired");
+        let http: i32 = one("SELECT (idempotency.idem_claim('acct', 'ts', 'fp')).http_status");
+        assert_eq!(http, 410);
+        assert_eq!(outcome("'acct', 'ts', 'other'"), "mismatch");
+        Spi::run("SET LOCAL idempotency.tombstone_ttl = '0'").unwrap();
+        assert_eq!(outcome("'acct', 'ts', 'fp'"), "claimed");
+    }
+
+    #[pg_test]
+    fn seen_many_marks_first_sightings() {
+        let first: Vec<bool> = one("SELECT idempotency.idem_seen_many('q', ARRAY['a', 'b', 'a'])");
+        assert_eq!(first, [true, true, false]);
+        let second: Vec<bool> = one("SELECT idempotency.idem_seen_many('q', ARRAY['c', 'b'])");
+        assert_eq!(second, [true, false]);
+    }
+
+    #[pg_test(error = "argument \"message_ids\" must not contain nulls (element 2 is null)")]
+    fn seen_many_refuses_null_elements() {
+        Spi::run("SELECT idempotency.idem_seen_many('q', ARRAY['a', NULL])").unwrap();
+    }
 }

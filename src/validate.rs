@@ -105,8 +105,12 @@ pub const MAX_WAIT_MICROS: i128 = 3_600_000_000;
 /// idem_claim's `wait`: NULL or zero means answer at once (None); negative or over one
 /// hour is refused. Returns the wait in microseconds.
 pub fn wait_arg(value: Option<Interval>) -> Result<Option<i64>, IdemError> {
-    let Some(v) = value else { return Ok(None) };
-    let total = total_micros(v.months(), v.days(), v.micros());
+    value.map_or(Ok(None), |v| wait_micros(v.months(), v.days(), v.micros()))
+}
+
+/// `wait_arg` on an interval's parts.
+pub fn wait_micros(months: i32, days: i32, micros: i64) -> Result<Option<i64>, IdemError> {
+    let total = total_micros(months, days, micros);
     if total < 0 {
         return Err(IdemError::invalid("wait", "must not be negative"));
     }
@@ -240,13 +244,14 @@ mod tests {
     #[test]
     fn wait_is_zero_to_one_hour() {
         assert_eq!(wait_arg(None), Ok(None));
-        assert_eq!(wait_arg(Some(Interval::from_micros(0))), Ok(None));
-        assert_eq!(wait_arg(Some(Interval::from_micros(5_000_000))), Ok(Some(5_000_000)));
-        assert_eq!(wait_arg(Some(Interval::from_micros(3_600_000_000))), Ok(Some(3_600_000_000)));
-        assert_eq!(code(wait_arg(Some(Interval::from_micros(3_600_000_001)))), "22023");
-        assert_eq!(code(wait_arg(Some(Interval::from_micros(-1)))), "22023");
-        assert_eq!(code(wait_arg(Some(Interval::new(0, 1, 0).unwrap()))), "22023");
-        let e = wait_arg(Some(Interval::from_micros(-1))).unwrap_err();
+        assert_eq!(wait_micros(0, 0, 0), Ok(None));
+        assert_eq!(wait_micros(0, 0, 5_000_000), Ok(Some(5_000_000)));
+        assert_eq!(wait_micros(0, 0, 3_600_000_000), Ok(Some(3_600_000_000)));
+        assert_eq!(code(wait_micros(0, 0, 3_600_000_001)), "22023");
+        assert_eq!(code(wait_micros(0, 0, -1)), "22023");
+        assert_eq!(code(wait_micros(0, 1, 0)), "22023");
+        assert_eq!(wait_micros(1, -30, 1), Ok(Some(1)));
+        let e = wait_micros(0, 0, -1).unwrap_err();
         assert!(e.message().contains("\"wait\""), "{}", e.message());
     }
 

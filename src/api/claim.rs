@@ -12,7 +12,7 @@ use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::heap_tuple::PgHeapTuple;
 use pgrx::pg_sys::{self, INT4OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
-use pgrx::spi::SpiTupleTable;
+use pgrx::spi::{SpiClient, SpiTupleTable};
 use pgrx::{AllocatedByRust, IntoDatum, PgTupleDesc};
 
 use crate::api::wait;
@@ -192,7 +192,7 @@ fn claim(
 
 /// One claim as of `now`: read, then write only when the claim goes ahead.
 fn claim_at(
-    client: &mut pgrx::spi::SpiClient<'_>,
+    client: &mut SpiClient<'_>,
     request: &Request<'_>,
     now: TimestampWithTimeZone,
 ) -> Result<Answer, IdemError> {
@@ -203,27 +203,33 @@ fn claim_at(
     let lease_end = now + lease;
     let new_token = || caller_token.unwrap_or_else(spi::new_token);
 
+    // A new claim of the free key: an INSERT, or the replacement of the expired record that
+    // carried token `expired`. None when another transaction changed the key first.
+    let new_claim = |client: &mut SpiClient<'_>, expired: Option<Uuid>| {
+        let token = new_token();
+        let args = [
+            scope.into(),
+            key.into(),
+            fingerprint.into(),
+            token.into(),
+            lease_end.into(),
+            now.into(),
+            expires_at.into(),
+            expired.into(),
+        ];
+        let (stmt, args) =
+            if expired.is_some() { (&REPLACE_EXPIRED, &args[..]) } else { (&INSERT, &args[..7]) };
+        spi::run(client, stmt, args);
+        (spi::processed() == 1)
+            .then(|| Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None))
+    };
     for _ in 0..MAX_ROUNDS {
         let found = spi::run(client, &READ, &[scope.into(), key.into()]);
         if found.is_empty() {
-            let token = new_token();
-            spi::run(
-                client,
-                &INSERT,
-                &[
-                    scope.into(),
-                    key.into(),
-                    fingerprint.into(),
-                    token.into(),
-                    lease_end.into(),
-                    now.into(),
-                    expires_at.into(),
-                ],
-            );
-            if spi::processed() == 1 {
-                return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
+            match new_claim(client, None) {
+                Some(answer) => return Ok(answer),
+                None => continue, // another transaction inserted it first: read what it left
             }
-            continue; // another transaction inserted it first: read what it left
         }
 
         let row = found.first();
@@ -242,25 +248,10 @@ fn claim_at(
                     ..Answer::empty(Outcome::Expired)
                 });
             }
-            let token = new_token();
-            spi::run(
-                client,
-                &REPLACE_EXPIRED,
-                &[
-                    scope.into(),
-                    key.into(),
-                    fingerprint.into(),
-                    token.into(),
-                    lease_end.into(),
-                    now.into(),
-                    expires_at.into(),
-                    stored.token.into(),
-                ],
-            );
-            if spi::processed() == 1 {
-                return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
+            match new_claim(client, Some(stored.token)) {
+                Some(answer) => return Ok(answer),
+                None => continue,
             }
-            continue;
         }
 
         if stored.fingerprint.as_deref() != fingerprint {

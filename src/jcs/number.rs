@@ -134,15 +134,9 @@ fn split_sci(sci: &str) -> (String, i32) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::text::tests::canon;
     use super::super::{canonicalize, Writer};
     use super::*;
-
-    fn canon(json: &str) -> String {
-        match canonicalize(json, &[]) {
-            Ok(s) => s,
-            Err(e) => panic!("canonicalize({json:?}) failed: {e}"),
-        }
-    }
 
     #[test]
     fn rfc8785_appendix_b_numbers() {

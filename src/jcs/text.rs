@@ -373,10 +373,11 @@ impl Parser<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn canon(json: &str) -> String {
+    /// The canonical form of a valid JSON text.
+    pub(in crate::jcs) fn canon(json: &str) -> String {
         match canonicalize(json, &[]) {
             Ok(s) => s,
             Err(e) => panic!("canonicalize({json:?}) failed: {e}"),

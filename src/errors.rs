@@ -72,12 +72,11 @@ impl IdemError {
 
     pub fn detail(&self) -> Option<String> {
         match self {
-            IdemError::NoLiveRecord { .. } => Some(
-                "The key was never claimed, was released, or its record expired.".into(),
-            ),
+            IdemError::NoLiveRecord { .. } => {
+                Some("The key was never claimed, was released, or its record expired.".into())
+            }
             IdemError::NotOwner { .. } => Some(
-                "Another worker took the claim over after its lease ended, or the claim was released."
-                    .into(),
+                "Another worker took the claim over after its lease ended, or the claim was released.".into(),
             ),
             _ => None,
         }
@@ -150,6 +149,21 @@ pub fn raise(err: IdemError) -> ! {
     unreachable!("errfinish returned from an ERROR")
 }
 
+/// `result.or_raise()`: the value, or the error raised as a PostgreSQL ERROR. For the top
+/// of a `#[pg_extern]` body, as `raise`.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T> OrRaise<T> for Result<T, IdemError> {
+    fn or_raise(self) -> T {
+        match self {
+            Ok(value) => value,
+            Err(e) => raise(e),
+        }
+    }
+}
+
 fn palloc_cstr(s: String) -> *const c_char {
     let c = CString::new(s.replace('\0', "")).unwrap_or_default();
     // SAFETY: pstrdup copies a valid NUL-terminated string into CurrentMemoryContext.
@@ -163,9 +177,18 @@ mod tests {
     #[test]
     fn sqlstates_are_packed_like_postgres() {
         // ERRCODE_NULL_VALUE_NOT_ALLOWED and ERRCODE_INVALID_PARAMETER_VALUE as PostgreSQL defines them.
-        assert_eq!(make_sqlstate("22004"), pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED as c_int);
-        assert_eq!(make_sqlstate("22023"), pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as c_int);
-        assert_eq!(make_sqlstate("40001"), pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as c_int);
+        assert_eq!(
+            make_sqlstate("22004"),
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED as c_int
+        );
+        assert_eq!(
+            make_sqlstate("22023"),
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as c_int
+        );
+        assert_eq!(
+            make_sqlstate("40001"),
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE as c_int
+        );
     }
 
     #[test]

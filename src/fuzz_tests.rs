@@ -4,256 +4,43 @@
 //! - Anything at all (arbitrary bytes, arbitrary Unicode, JSON-looking noise, mutated JSON,
 //!   deep nesting, number-looking text) goes through `canonicalize` and `fingerprint_json`
 //!   without a panic, and an error carries a position inside the input.
-//! - Arbitrary JSON values, built here as a small tree (no serde) and written out with
-//!   random whitespace, random member order and random `\u` escapes, canonicalize to what an
-//!   independent writer of the canonical form produces, and canonicalizing is idempotent.
+//! - Random JSON values (test_json, from a seed that proptest draws, so a failure names
+//!   its seed) written out with random whitespace, member order and `\u` escapes
+//!   canonicalize to what an independent writer of the canonical form produces, and
+//!   canonicalizing is idempotent.
 //! - `validate::key_text` accepts exactly the strings of 1 to 255 characters without a
 //!   control character (Unicode Cc), and never panics.
 
-use proptest::collection::{btree_map, vec};
+use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
-use crate::canonical_json::{canonicalize, fingerprint_json, sha256_tagged, CanonError, MAX_DEPTH};
+use crate::jcs::{canonicalize, fingerprint_json, sha256_tagged, CanonError, MAX_DEPTH};
+use crate::test_json::{expected, random_members, Json, Style, PALETTE};
 use crate::test_rng::Rng;
 use crate::validate::{key_text, MAX_KEY_CHARS};
 
-// ---------------------------------------------------------------------------------------
-// A JSON value, and an independent writer of its canonical form.
-
-#[derive(Clone, Debug)]
-enum Json {
-    Null,
-    Bool(bool),
-    /// An integer that a double holds exactly (|i| <= 2^53): ECMAScript prints its digits.
-    Int(i64),
-    /// Any finite double.
-    Float(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    /// Distinct keys, in the order they are written.
-    Obj(Vec<(String, Json)>),
-}
-
-/// Characters that exercise every rule: escapes, controls, DEL, non-ASCII, the BMP above the
-/// surrogates (which sorts after astral characters in UTF-16), astral characters.
-const PALETTE: &[char] = &[
-    'a', 'b', 'B', 'z', '0', ' ', '"', '\\', '/', '\0', '\u{1}', '\u{8}', '\t', '\n', '\u{b}',
-    '\u{c}', '\r', '\u{1f}', '\u{7f}', '\u{80}', '\u{85}', 'é', 'ö', '€', '日', '\u{e000}',
-    '\u{fb33}', '\u{ffff}', '😀', '\u{10000}', '\u{10ffff}',
-];
+/// How deep the random values nest.
+const DEPTH: usize = 5;
 
 fn text(max: usize) -> impl Strategy<Value = String> {
-    vec(
-        prop_oneof![4 => proptest::sample::select(PALETTE), 1 => any::<char>()],
-        0..=max,
-    )
-    .prop_map(String::from_iter)
+    vec(prop_oneof![4 => proptest::sample::select(PALETTE), 1 => any::<char>()], 0..=max)
+        .prop_map(String::from_iter)
 }
 
-fn json() -> impl Strategy<Value = Json> {
-    let leaf = prop_oneof![
-        Just(Json::Null),
-        any::<bool>().prop_map(Json::Bool),
-        (-(1i64 << 53)..=(1i64 << 53)).prop_map(Json::Int),
-        any::<f64>()
-            .prop_filter("finite", |x| x.is_finite())
-            .prop_map(Json::Float),
-        text(8).prop_map(Json::Str),
-    ];
-    leaf.prop_recursive(6, 96, 8, |inner| {
-        prop_oneof![
-            vec(inner.clone(), 0..8).prop_map(Json::Arr),
-            btree_map(text(4), inner, 0..8).prop_map(|m| Json::Obj(m.into_iter().collect())),
-        ]
-    })
+fn random_value(seed: u64) -> Json {
+    Json::random(&mut Rng(seed | 1), DEPTH)
 }
 
-/// A string as ECMAScript's JSON.stringify writes it (RFC 8785 section 3.2.2.2).
-fn expected_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
+/// Members with distinct keys, at least `min` of them.
+fn random_object(seed: u64, min: usize) -> Vec<(String, Json)> {
+    let mut rng = Rng(seed | 1);
+    loop {
+        let members = random_members(&mut rng, DEPTH - 1);
+        if members.len() >= min {
+            return members;
         }
     }
-    out.push('"');
-}
-
-/// The canonical form, written independently of the code under test, except for doubles:
-/// their text is the one `canonicalize` gives for the number alone (checked on its own by
-/// `doubles_round_trip_in_shortest_form`).
-fn expected(value: &Json, out: &mut String) {
-    match value {
-        Json::Null => out.push_str("null"),
-        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Json::Int(i) => out.push_str(&i.to_string()),
-        Json::Float(x) => out.push_str(&canonicalize(&format!("{x:e}"), &[]).expect("a finite double")),
-        Json::Str(s) => expected_string(s, out),
-        Json::Arr(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                expected(item, out);
-            }
-            out.push(']');
-        }
-        Json::Obj(members) => {
-            let mut sorted: Vec<&(String, Json)> = members.iter().collect();
-            sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push('{');
-            for (i, (key, item)) in sorted.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                expected_string(key, out);
-                out.push(':');
-                expected(item, out);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn expected_text(value: &Json) -> String {
-    let mut out = String::new();
-    expected(value, &mut out);
-    out
-}
-
-// ---------------------------------------------------------------------------------------
-// Writing a value as some client might: any whitespace, any member order, any escapes.
-
-// The random choices come from test_rng::Rng, seeded by proptest, so that a failing case
-// shrinks and replays.
-
-struct Style {
-    rng: Rng,
-    whitespace: bool,
-    shuffle: bool,
-    escapes: bool,
-}
-
-impl Style {
-    fn compact() -> Self {
-        Style { rng: Rng(1), whitespace: false, shuffle: false, escapes: false }
-    }
-
-    fn random(seed: u64) -> Self {
-        Style { rng: Rng(seed | 1), whitespace: true, shuffle: true, escapes: true }
-    }
-
-    fn ws(&mut self, out: &mut String) {
-        if self.whitespace {
-            for _ in 0..self.rng.below(3) {
-                out.push([' ', '\t', '\n', '\r'][self.rng.below(4)]);
-            }
-        }
-    }
-
-    fn string(&mut self, s: &str, out: &mut String) {
-        out.push('"');
-        for c in s.chars() {
-            let must = c == '"' || c == '\\' || (c as u32) < 0x20;
-            if must || (self.escapes && self.rng.below(3) == 0) {
-                if !must && c == '/' && self.rng.below(2) == 0 {
-                    out.push_str("\\/");
-                    continue;
-                }
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    if self.rng.below(2) == 0 {
-                        out.push_str(&format!("\\u{unit:04x}"));
-                    } else {
-                        out.push_str(&format!("\\u{unit:04X}"));
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out.push('"');
-    }
-
-    fn number(&mut self, x: f64, out: &mut String) {
-        if !self.escapes {
-            out.push_str(&format!("{x:e}"));
-            return;
-        }
-        // Spellings of the same double: exponent forms, plain decimals, trailing zeros.
-        match self.rng.below(4) {
-            0 => out.push_str(&format!("{x:e}")),
-            1 => out.push_str(&format!("{x:E}").replace('E', "E+").replace("E+-", "E-")),
-            2 if x.abs() < 1e15 && x.abs() > 1e-5 => out.push_str(&format!("{x}")),
-            _ => out.push_str(&format!("{x:.17e}")),
-        }
-    }
-
-    fn write(&mut self, value: &Json, out: &mut String) {
-        self.ws(out);
-        match value {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Int(i) => {
-                if self.escapes && self.rng.below(4) == 0 {
-                    out.push_str(&format!("{i}.000e0"));
-                } else {
-                    out.push_str(&i.to_string());
-                }
-            }
-            Json::Float(x) => self.number(*x, out),
-            Json::Str(s) => self.string(s, out),
-            Json::Arr(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    self.write(item, out);
-                }
-                self.ws(out);
-                out.push(']');
-            }
-            Json::Obj(members) => {
-                let mut order: Vec<usize> = (0..members.len()).collect();
-                if self.shuffle {
-                    for i in (1..order.len()).rev() {
-                        order.swap(i, self.rng.below(i + 1));
-                    }
-                }
-                out.push('{');
-                for (n, &i) in order.iter().enumerate() {
-                    if n > 0 {
-                        out.push(',');
-                    }
-                    self.ws(out);
-                    self.string(&members[i].0, out);
-                    self.ws(out);
-                    out.push(':');
-                    self.write(&members[i].1, out);
-                }
-                self.ws(out);
-                out.push('}');
-            }
-        }
-        self.ws(out);
-    }
-}
-
-fn written(value: &Json, style: &mut Style) -> String {
-    let mut out = String::new();
-    style.write(value, &mut out);
-    out
 }
 
 /// Whatever canonicalize answers must be sound: an Ok is itself canonical (idempotent) and
@@ -281,11 +68,13 @@ fn check_sound(input: &str) -> Result<(), TestCaseError> {
 /// JSON's own alphabet, so that random text gets deep into the parser.
 fn json_noise() -> impl Strategy<Value = String> {
     vec(
-        proptest::sample::select(&[
-            "{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "\\ud83d", "\\ude00", "\\n", "0", "1",
-            "9", "-", "+", ".", "e", "E", "true", "false", "null", "tru", "nul", " ", "\n", "\t",
-            "a", "é", "😀", "\u{0}", "\u{1f}", "1e400", "-0", "1e-400", "\"k\":",
-        ][..]),
+        proptest::sample::select(
+            &[
+                "{", "}", "[", "]", ",", ":", "\"", "\\", "\\u", "\\ud83d", "\\ude00", "\\n", "0", "1", "9",
+                "-", "+", ".", "e", "E", "true", "false", "null", "tru", "nul", " ", "\n", "\t", "a", "é",
+                "😀", "\u{0}", "\u{1f}", "1e400", "-0", "1e-400", "\"k\":",
+            ][..],
+        ),
         0..48,
     )
     .prop_map(|parts| parts.concat())
@@ -324,8 +113,8 @@ proptest! {
     }
 
     #[test]
-    fn mutated_json_never_panics(value in json(), seed in any::<u64>(), edits in vec((any::<prop::sample::Index>(), 0u8..4, any::<char>()), 1..4)) {
-        let mut s = written(&value, &mut Style::random(seed));
+    fn mutated_json_never_panics(value_seed in any::<u64>(), seed in any::<u64>(), edits in vec((any::<prop::sample::Index>(), 0u8..4, any::<char>()), 1..4)) {
+        let mut s = Style::random(seed).write(&random_value(value_seed));
         for (at, op, c) in edits {
             let boundaries: Vec<usize> = s.char_indices().map(|(i, _)| i).chain([s.len()]).collect();
             let i = boundaries[at.index(boundaries.len())];
@@ -409,19 +198,20 @@ proptest! {
     #![proptest_config(Config { cases: 512, ..Config::default() })]
 
     #[test]
-    fn canonical_form_is_the_independent_writers(value in json(), seed in any::<u64>()) {
-        let expect = expected_text(&value);
-        let compact = written(&value, &mut Style::compact());
+    fn canonical_form_is_the_independent_writers(value_seed in any::<u64>(), seed in any::<u64>()) {
+        let value = random_value(value_seed);
+        let expect = expected(&value);
+        let compact = Style::compact().write(&value);
         prop_assert_eq!(canonicalize(&compact, &[]), Ok(expect.clone()), "compact {:?}", compact);
         // Whitespace, member order and escapes do not matter.
-        let messy = written(&value, &mut Style::random(seed));
+        let messy = Style::random(seed).write(&value);
         prop_assert_eq!(canonicalize(&messy, &[]), Ok(expect.clone()), "messy {:?}", messy);
         prop_assert_eq!(fingerprint_json(&messy, &[]), Ok(sha256_tagged(expect.as_bytes())));
     }
 
     #[test]
-    fn canonicalization_is_idempotent(value in json(), seed in any::<u64>()) {
-        let messy = written(&value, &mut Style::random(seed));
+    fn canonicalization_is_idempotent(value_seed in any::<u64>(), seed in any::<u64>()) {
+        let messy = Style::random(seed).write(&random_value(value_seed));
         let once = canonicalize(&messy, &[]).expect("valid json");
         prop_assert_eq!(canonicalize(&once, &[]), Ok(once.clone()));
         // The canonical text has no insignificant white space: every white space character
@@ -440,44 +230,46 @@ proptest! {
     }
 
     #[test]
-    fn two_writings_agree(value in json(), seed_a in any::<u64>(), seed_b in any::<u64>()) {
-        let a = written(&value, &mut Style::random(seed_a));
-        let b = written(&value, &mut Style::random(seed_b));
+    fn two_writings_agree(value_seed in any::<u64>(), seed_a in any::<u64>(), seed_b in any::<u64>()) {
+        let value = random_value(value_seed);
+        let a = Style::random(seed_a).write(&value);
+        let b = Style::random(seed_b).write(&value);
         prop_assert_eq!(canonicalize(&a, &[]), canonicalize(&b, &[]));
         prop_assert_eq!(fingerprint_json(&a, &[]), fingerprint_json(&b, &[]));
     }
 
     #[test]
     fn duplicate_keys_keep_the_last(
-        members in btree_map(text(3), json(), 1..6),
-        earlier in json(),
+        members_seed in any::<u64>(),
+        earlier_seed in any::<u64>(),
         pick in any::<prop::sample::Index>(),
     ) {
-        let members: Vec<(String, Json)> = members.into_iter().collect();
+        let members = random_object(members_seed, 1);
+        let earlier = random_value(earlier_seed);
         let key = members[pick.index(members.len())].0.clone();
         // The same key written first with another value, then the real members.
         let mut doubled = String::from("{");
         let mut style = Style::compact();
         style.string(&key, &mut doubled);
         doubled.push(':');
-        style.write(&earlier, &mut doubled);
+        style.value(&earlier, &mut doubled);
         for (k, v) in &members {
             doubled.push(',');
             style.string(k, &mut doubled);
             doubled.push(':');
-            style.write(v, &mut doubled);
+            style.value(v, &mut doubled);
         }
         doubled.push('}');
-        prop_assert_eq!(canonicalize(&doubled, &[]), Ok(expected_text(&Json::Obj(members))));
+        prop_assert_eq!(canonicalize(&doubled, &[]), Ok(expected(&Json::Obj(members))));
     }
 
     #[test]
     fn ignore_drops_exactly_the_named_top_level_keys(
-        members in btree_map(text(3), json(), 0..6),
+        members_seed in any::<u64>(),
         mask in any::<u8>(),
         seed in any::<u64>(),
     ) {
-        let members: Vec<(String, Json)> = members.into_iter().collect();
+        let members = random_object(members_seed, 0);
         let ignored: Vec<&str> = members.iter().enumerate()
             .filter(|(i, _)| mask & (1 << (i % 8)) != 0)
             .map(|(_, (k, _))| k.as_str())
@@ -487,11 +279,11 @@ proptest! {
             .cloned()
             .collect();
         let value = Json::Obj(members.clone());
-        let messy = written(&value, &mut Style::random(seed));
-        prop_assert_eq!(canonicalize(&messy, &ignored), Ok(expected_text(&Json::Obj(kept))));
+        let messy = Style::random(seed).write(&value);
+        prop_assert_eq!(canonicalize(&messy, &ignored), Ok(expected(&Json::Obj(kept))));
         // Nested the same object is left whole.
         let nested = Json::Arr(vec![value]);
-        prop_assert_eq!(canonicalize(&written(&nested, &mut Style::random(seed)), &ignored), Ok(expected_text(&nested)));
+        prop_assert_eq!(canonicalize(&Style::random(seed).write(&nested), &ignored), Ok(expected(&nested)));
     }
 }
 
@@ -516,7 +308,12 @@ fn key_candidates() -> impl Strategy<Value = String> {
         vec(ch.clone(), 0..8).prop_map(String::from_iter),
         vec(ch.clone(), 250..262).prop_map(String::from_iter),
         // Exactly at and around the limit, with at most one control character.
-        (proptest::sample::select(&['k', 'é', '€', '😀'][..]), 253usize..258, any::<prop::sample::Index>(), prop::option::of(proptest::sample::select(&['\0', '\n', '\u{7f}', '\u{85}'][..])))
+        (
+            proptest::sample::select(&['k', 'é', '€', '😀'][..]),
+            253usize..258,
+            any::<prop::sample::Index>(),
+            prop::option::of(proptest::sample::select(&['\0', '\n', '\u{7f}', '\u{85}'][..]))
+        )
             .prop_map(|(c, n, at, bad)| {
                 let mut chars = vec![c; n];
                 if let Some(bad) = bad {

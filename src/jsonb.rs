@@ -13,8 +13,7 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::{direct_function_call, FromDatum, IntoDatum};
 
-use crate::canonical_json::{self, CanonError, Writer};
-use crate::jsonb_canonical;
+use crate::jcs::{self, CanonError, Writer};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Jsonb(pg_sys::Datum);
@@ -45,16 +44,16 @@ impl Jsonb {
 
     /// idem_fingerprint of the value: the sha256 of its RFC 8785 canonical text, leaving out
     /// the top-level keys in `ignore`, written from the value's binary form straight into the
-    /// hasher (jsonb_canonical).
+    /// hasher (`jcs::write_jsonb`).
     ///
     /// In a database whose encoding is not UTF-8 the strings are not UTF-8, so the value
-    /// goes through its text form and canonicalize instead.
+    /// goes through its text form and the text parser instead (`jcs::fingerprint_json`).
     pub fn fingerprint(&self, ignore: &[&str]) -> Result<String, CanonError> {
         // SAFETY: plain function of the backend.
         if unsafe { pg_sys::GetDatabaseEncoding() } != pg_sys::pg_enc::PG_UTF8 as i32 {
-            return canonical_json::fingerprint_json(&self.to_text(), ignore);
+            return jcs::fingerprint_json(&self.to_text(), ignore);
         }
-        let mut w = Writer::new(true);
+        let mut w = Writer::hashing();
         // SAFETY: the datum is a valid jsonb varlena, detoasted into memory that lives until
         // the function returns; the root container is its data. Each numeric handed to
         // `number` is a numeric datum inside it.
@@ -64,7 +63,7 @@ impl Jsonb {
                 pgrx::vardata_any(detoasted.cast()) as *const u8,
                 pgrx::varsize_any_exhdr(detoasted.cast()),
             );
-            jsonb_canonical::write(root, ignore, &mut w, &mut |numeric, w| {
+            jcs::write_jsonb(root, ignore, &mut w, |numeric, w| {
                 // Plain decimal text without trailing zeros ("1234.5", "0.001"), no exponent.
                 let text = pg_sys::numeric_normalize(numeric.as_ptr() as pg_sys::Numeric);
                 let result = w.number(CStr::from_ptr(text).to_str().unwrap_or("NaN"));
@@ -76,7 +75,7 @@ impl Jsonb {
     }
 
     /// PostgreSQL's text form of the value (jsonb_out).
-    pub fn to_text(&self) -> String {
+    pub fn to_text(self) -> String {
         // SAFETY: jsonb_out takes a jsonb datum and returns a palloc'd C string.
         unsafe {
             let text = direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(self.0)])
@@ -129,6 +128,5 @@ unsafe impl SqlTranslatable for Jsonb {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(Jsonb);
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
     const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }

@@ -1,26 +1,28 @@
 //! `idempotency`: idempotency keys, leases and message de-duplication inside the caller's
 //! own PostgreSQL transaction. The SQL contract is in the README.
+//!
+//! Layers, each using only the ones below it:
+//! - `api`: what SQL sees, one module per group of functions;
+//! - `spi`, `jsonb`, `settings`: the glue to the server (statements, datums, settings);
+//! - `jcs`, `validate`, `record`, `errors`: pure rules, tested with a plain `cargo test`.
 
 use pgrx::prelude::*;
 
-mod canonical_json;
-mod citus_guard;
-mod claim;
+mod api;
 mod errors;
-mod fingerprint;
+mod jcs;
 mod jsonb;
-mod jsonb_canonical;
-mod lifecycle;
-mod lookup;
-mod maintenance;
-mod seen;
+mod record;
 mod settings;
 mod spi;
 mod validate;
-#[cfg(test)] mod fuzz_tests;
+
+#[cfg(test)]
+mod fuzz_tests;
+#[cfg(any(test, feature = "pg_test"))]
+mod test_json;
 #[cfg(any(test, feature = "pg_test"))]
 mod test_rng;
-
 // In-process tests need a server: `cargo pgrx test` turns them on; plain `cargo test` runs the pure ones.
 #[cfg(feature = "pg_test")]
 mod tests;
@@ -32,7 +34,15 @@ extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 extension_sql_file!(
     "../sql/citus.sql",
     name = "citus",
-    requires = [idem_scope_support, idem_claim, idem_complete, idem_checkpoint, idem_release, idem_lookup, idem_seen]
+    requires = [
+        idem_scope_support,
+        idem_claim,
+        idem_complete,
+        idem_checkpoint,
+        idem_release,
+        idem_lookup,
+        idem_seen
+    ]
 );
 
 #[pg_guard]

@@ -9,8 +9,8 @@ use std::ffi::{c_char, c_void, CStr};
 use std::ptr::{addr_of, addr_of_mut};
 
 use pgrx::datum::Interval;
-use pgrx::prelude::*;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
 use pgrx::{direct_function_call, pg_sys, IntoDatum};
 
 use crate::validate;
@@ -88,7 +88,11 @@ fn parse_interval(text: &CStr) -> Option<Interval> {
     PgTryBuilder::new(|| unsafe {
         direct_function_call::<Interval>(
             pg_sys::interval_in,
-            &[Some(pg_sys::Datum::from(text.as_ptr())), pg_sys::InvalidOid.into_datum(), (-1i32).into_datum()],
+            &[
+                Some(pg_sys::Datum::from(text.as_ptr())),
+                pg_sys::InvalidOid.into_datum(),
+                (-1i32).into_datum(),
+            ],
         )
     })
     .catch_others(|_| None)
@@ -108,17 +112,28 @@ unsafe extern "C-unwind" fn check_positive_interval(
         return false;
     };
     if validate::positive_interval("setting", parsed.months(), parsed.days(), parsed.micros()).is_err() {
-        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(c"The value must be a positive interval of at most 10000 years.".as_ptr());
+        pg_sys::GUC_check_errdetail_string =
+            pg_sys::pstrdup(c"The value must be a positive interval of at most 10000 years.".as_ptr());
         return false;
     }
-    // GUC frees "extra" with free(), so it must come from malloc.
-    let slot = libc::malloc(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
+    let slot = guc_extra(std::mem::size_of::<pg_sys::Interval>()) as *mut pg_sys::Interval;
     if slot.is_null() {
         return false;
     }
     slot.write(parsed.into_inner());
     *extra = slot.cast();
     true
+}
+
+/// Memory for a check hook's "extra" value, which the GUC machinery frees itself: with
+/// free() up to PostgreSQL 15, with guc_free() (GUC's own memory context) from 16 on, so it
+/// must come from malloc, or from guc_malloc. NULL when out of memory. This is the only code
+/// that differs by major version.
+unsafe fn guc_extra(size: usize) -> *mut c_void {
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+    return libc::malloc(size);
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+    return pg_sys::guc_malloc(pg_sys::LOG as i32, size);
 }
 
 #[pg_guard]

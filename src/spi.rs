@@ -13,7 +13,8 @@ use std::collections::HashMap;
 
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{self, PgOid};
-use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiHeapTupleData, SpiResult, SpiTupleTable};
+use pgrx::{FromDatum, IntoDatum};
 
 use crate::errors::IdemError;
 
@@ -27,6 +28,10 @@ pub struct Statement {
     pub sql: &'static str,
     pub args: &'static [pg_sys::Oid],
     pub kind: Kind,
+    /// The result's columns in order, as the SQL names them: `get` reads a column by its
+    /// name from here, without asking SPI. Checked against the result the first time the
+    /// statement runs in a backend.
+    pub columns: &'static [&'static str],
 }
 
 thread_local! {
@@ -42,8 +47,8 @@ pub fn run<'conn>(
     args: &[DatumWithOid<'_>],
 ) -> SpiTupleTable<'conn> {
     let id = stmt as *const Statement as usize;
-    let plan = match PLANS.with(|plans| plans.borrow().get(&id).copied()) {
-        Some(plan) => plan,
+    let (plan, fresh) = match PLANS.with(|plans| plans.borrow().get(&id).copied()) {
+        Some(plan) => (plan, false),
         None => {
             let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
             let prepared = match stmt.kind {
@@ -53,26 +58,73 @@ pub fn run<'conn>(
             .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
             let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
             PLANS.with(|plans| plans.borrow_mut().insert(id, plan));
-            plan
+            (plan, true)
         }
     };
     let result = match stmt.kind {
         Kind::Read => client.select(plan, None, args),
         Kind::Write => client.update(plan, None, args),
     };
-    result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"))
+    let result = result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"));
+    if fresh {
+        let names: Vec<String> = match result.columns() {
+            Ok(n) => (1..=n).map(|i| result.column_name(i).unwrap_or_default()).collect(),
+            Err(_) => Vec::new(), // no result rows at all (DML without RETURNING)
+        };
+        assert_eq!(names, stmt.columns, "the columns of {}", stmt.sql);
+    }
+    result
 }
 
-/// Value of column `n` (1-based) of the current row, copied out of SPI's memory.
-pub fn col<T: pgrx::FromDatum + pgrx::IntoDatum>(table: &SpiTupleTable<'_>, n: usize) -> Option<T> {
-    table.get::<T>(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))
+/// A row of a result: its current row (`SpiTupleTable`), or a row taken from it while
+/// iterating (`SpiHeapTupleData`).
+pub trait Columns {
+    /// Column `n`, 1-based.
+    fn at<T: FromDatum + IntoDatum>(&self, n: usize) -> SpiResult<Option<T>>;
 }
 
-/// Column `n` of the current row as the datum SPI holds, typed as the column is: for
-/// passing a value from one statement to the next inside the same SPI connection.
-pub fn raw_col<'conn>(table: &SpiTupleTable<'conn>, n: usize) -> Option<DatumWithOid<'conn>> {
-    let datum = table.get_datum_by_ordinal(n).unwrap_or_else(|e| panic!("reading column {n} failed: {e}"))?;
-    let oid = table.column_type_oid(n).unwrap_or_else(|e| panic!("typing column {n} failed: {e}"));
+impl Columns for SpiTupleTable<'_> {
+    fn at<T: FromDatum + IntoDatum>(&self, n: usize) -> SpiResult<Option<T>> {
+        self.get(n)
+    }
+}
+
+impl Columns for SpiHeapTupleData<'_> {
+    fn at<T: FromDatum + IntoDatum>(&self, n: usize) -> SpiResult<Option<T>> {
+        self.get(n)
+    }
+}
+
+/// Where column `name` is in the result of `stmt` (1-based).
+fn ordinal(stmt: &Statement, name: &str) -> usize {
+    match stmt.columns.iter().position(|c| *c == name) {
+        Some(i) => i + 1,
+        None => panic!("no column {name} in the result of {}", stmt.sql),
+    }
+}
+
+/// Column `name` of `row`, a row of `stmt`'s result, copied out of SPI's memory.
+pub fn get<T: FromDatum + IntoDatum>(row: &impl Columns, stmt: &Statement, name: &str) -> Option<T> {
+    row.at(ordinal(stmt, name)).unwrap_or_else(|e| panic!("reading column {name} failed: {e}"))
+}
+
+/// Column `name` of `row`, a row of `stmt`'s result, which the table declares NOT NULL.
+pub fn get_not_null<T: FromDatum + IntoDatum>(row: &impl Columns, stmt: &Statement, name: &str) -> T {
+    get(row, stmt, name).unwrap_or_else(|| panic!("{name} is NOT NULL"))
+}
+
+/// Column `name` of the current row of `stmt`'s result as the datum SPI holds, typed as the
+/// column is: for passing a value from one statement to the next inside the same SPI
+/// connection.
+pub fn get_datum<'conn>(
+    table: &SpiTupleTable<'conn>,
+    stmt: &Statement,
+    name: &str,
+) -> Option<DatumWithOid<'conn>> {
+    let n = ordinal(stmt, name);
+    let datum =
+        table.get_datum_by_ordinal(n).unwrap_or_else(|e| panic!("reading column {name} failed: {e}"))?;
+    let oid = table.column_type_oid(n).unwrap_or_else(|e| panic!("typing column {name} failed: {e}"));
     // SAFETY: the datum and its type come from the same column of SPI's current tuple table,
     // which lives until SPI_finish.
     Some(unsafe { DatumWithOid::new(datum, oid.value()) })

@@ -1,5 +1,7 @@
 //! Argument checks. Pure: every rule here is tested with a plain `cargo test`.
 
+use pgrx::datum::Interval;
+
 use crate::errors::IdemError;
 
 /// Longest scope, key or message id, in characters. Two of them at four bytes a character
@@ -61,24 +63,28 @@ pub const MAX_INTERVAL_YEARS: i128 = 10_000;
 
 /// A ttl or lease must be longer than zero and at most MAX_INTERVAL_YEARS. Compared as
 /// PostgreSQL compares intervals: a month counts 30 days and a day 24 hours.
-pub fn positive_interval(
-    arg: &'static str,
-    months: i32,
-    days: i32,
-    micros: i64,
-) -> Result<(), IdemError> {
+pub fn positive_interval(arg: &'static str, months: i32, days: i32, micros: i64) -> Result<(), IdemError> {
     const DAY: i128 = 86_400_000_000;
     let total = months as i128 * 30 * DAY + days as i128 * DAY + micros as i128;
     if total <= 0 {
         return Err(IdemError::invalid(arg, "must be a positive interval"));
     }
     if total > MAX_INTERVAL_YEARS * 12 * 30 * DAY {
-        return Err(IdemError::invalid(
-            arg,
-            format!("must be at most {MAX_INTERVAL_YEARS} years"),
-        ));
+        return Err(IdemError::invalid(arg, format!("must be at most {MAX_INTERVAL_YEARS} years")));
     }
     Ok(())
+}
+
+/// A ttl or lease argument: `default()` (the setting) when NULL, else it must be positive.
+pub fn interval_arg(
+    arg: &'static str,
+    value: Option<Interval>,
+    default: fn() -> Interval,
+) -> Result<Interval, IdemError> {
+    match value {
+        None => Ok(default()),
+        Some(v) => positive_interval(arg, v.months(), v.days(), v.micros()).map(|_| v),
+    }
 }
 
 /// A value to store must not be larger than `limit` bytes.
@@ -93,10 +99,7 @@ pub fn stored_size(arg: &'static str, size: usize, limit: usize) -> Result<(), I
 /// jsonb_typeof's answer for the value.
 pub fn headers_kind(kind: &str) -> Result<(), IdemError> {
     if kind != "object" {
-        return Err(IdemError::invalid(
-            "response_headers",
-            format!("must be a JSON object (got {kind})"),
-        ));
+        return Err(IdemError::invalid("response_headers", format!("must be a JSON object (got {kind})")));
     }
     Ok(())
 }

@@ -7,11 +7,13 @@ use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::heap_tuple::PgHeapTuple;
 use pgrx::pg_sys::{self, INT4OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
+use pgrx::spi::{SpiClient, SpiTupleTable};
 use pgrx::{AllocatedByRust, IntoDatum, PgTupleDesc};
 
-use crate::errors::{raise, IdemError};
+use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
-use crate::spi::{self, col, Kind, Statement};
+use crate::record::{Outcome, Status};
+use crate::spi::{self, get, get_not_null, Kind, Statement};
 use crate::{settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
@@ -25,6 +27,17 @@ static READ: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &[
+        "fingerprint",
+        "status",
+        "token",
+        "attempts",
+        "locked_until",
+        "expires_at",
+        "response_status",
+        "response_headers",
+        "response_body",
+    ],
 };
 
 // $1 scope, $2 key, $3 fingerprint, $4 token, $5 locked_until, $6 now, $7 expires_at
@@ -36,6 +49,7 @@ static INSERT: Statement = Statement {
           ON CONFLICT (scope, key) DO NOTHING",
     args: &[TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // Same parameters as INSERT, plus $8 the token of the expired record that was read.
@@ -48,11 +62,9 @@ static REPLACE_EXPIRED: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $8 \
             AND expires_at OPERATOR(pg_catalog.<=) $6",
-    args: &[
-        TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-        UUIDOID,
-    ],
+    args: &[TEXTOID, TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 new token, $4 attempts, $5 locked_until, $6 now, $7 expires_at,
@@ -66,11 +78,9 @@ static TAKE_OVER: Statement = Statement {
             AND locked_until OPERATOR(pg_catalog.<=) $6 \
             AND expires_at OPERATOR(pg_catalog.>) $6 \
           RETURNING recovery_point, recovery_data",
-    args: &[
-        TEXTOID, TEXTOID, UUIDOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-        UUIDOID,
-    ],
+    args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID],
     kind: Kind::Write,
+    columns: &["recovery_point", "recovery_data"],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -82,21 +92,31 @@ fn idem_claim(
     ttl: default!(Option<Interval>, "NULL"),
     lease: default!(Option<Interval>, "NULL"),
 ) -> pgrx::composite_type!('static, "idempotency.claim_result") {
-    match claim(scope, key, fingerprint, ttl, lease) {
-        Ok(answer) => answer.into_tuple(fcinfo),
-        Err(e) => raise(e),
-    }
+    claim(scope, key, fingerprint, ttl, lease).or_raise().into_tuple(fcinfo)
 }
 
-/// A ttl or lease argument: the setting when NULL, else it must be positive.
-pub fn interval_arg(
-    arg: &'static str,
-    value: Option<Interval>,
-    default: fn() -> Interval,
-) -> Result<Interval, IdemError> {
-    match value {
-        None => Ok(default()),
-        Some(v) => validate::positive_interval(arg, v.months(), v.days(), v.micros()).map(|_| v),
+/// The columns of READ that decide the answer.
+struct Stored {
+    fingerprint: Option<String>,
+    status: Status,
+    token: Uuid,
+    attempts: i32,
+    locked_until: Option<TimestampWithTimeZone>,
+    expires_at: TimestampWithTimeZone,
+}
+
+impl Stored {
+    fn read(row: &SpiTupleTable<'_>) -> Self {
+        let status: String = get_not_null(row, &READ, "status");
+        Stored {
+            fingerprint: get(row, &READ, "fingerprint"),
+            // The functions write only the two statuses; any other (written by hand) is not completed.
+            status: Status::parse(&status).unwrap_or(Status::InProgress),
+            token: get_not_null(row, &READ, "token"),
+            attempts: get_not_null(row, &READ, "attempts"),
+            locked_until: get(row, &READ, "locked_until"),
+            expires_at: get_not_null(row, &READ, "expires_at"),
+        }
     }
 }
 
@@ -109,102 +129,106 @@ fn claim(
 ) -> Result<Answer, IdemError> {
     let scope = validate::key_text("scope", scope)?;
     let key = validate::key_text("key", key)?;
-    let ttl = interval_arg("ttl", ttl, settings::default_ttl)?;
-    let lease = interval_arg("lease", lease, settings::default_lease)?;
+    let ttl = validate::interval_arg("ttl", ttl, settings::default_ttl)?;
+    let lease = validate::interval_arg("lease", lease, settings::default_lease)?;
     spi::require_primary("idem_claim")?;
     let now = spi::now();
     let expires_at = now + ttl;
     let lease_end = now + lease;
 
     Spi::connect_mut(|client| {
+        // A new claim of the free key: an INSERT, or the replacement of the expired record
+        // that carried token `expired`. None when another transaction changed the key first.
+        let new_claim = |client: &mut SpiClient<'_>, expired: Option<Uuid>| {
+            let token = spi::new_token();
+            let args = [
+                scope.into(),
+                key.into(),
+                fingerprint.into(),
+                token.into(),
+                lease_end.into(),
+                now.into(),
+                expires_at.into(),
+                expired.into(),
+            ];
+            let (stmt, args) =
+                if expired.is_some() { (&REPLACE_EXPIRED, &args[..]) } else { (&INSERT, &args[..7]) };
+            spi::run(client, stmt, args);
+            (spi::processed() == 1)
+                .then(|| Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None))
+        };
         for _ in 0..MAX_ROUNDS {
             let found = spi::run(client, &READ, &[scope.into(), key.into()]);
             if found.is_empty() {
-                let token = spi::new_token();
-                spi::run(
-                    client,
-                    &INSERT,
-                    &[
-                        scope.into(), key.into(), fingerprint.into(), token.into(),
-                        lease_end.into(), now.into(), expires_at.into(),
-                    ],
-                );
-                if spi::processed() == 1 {
-                    return Ok(Answer::claimed("claimed", token, 1, lease_end, expires_at, None, None));
+                match new_claim(client, None) {
+                    Some(answer) => return Ok(answer),
+                    None => continue, // another transaction inserted it first: read what it left
                 }
-                continue; // another transaction inserted it first: read what it left
             }
 
             let row = found.first();
-            let read_token: Uuid = col(&row, 3).expect("token is NOT NULL");
-            let record_expires: TimestampWithTimeZone = col(&row, 6).expect("expires_at is NOT NULL");
-            if record_expires <= now {
-                let token = spi::new_token();
-                spi::run(
-                    client,
-                    &REPLACE_EXPIRED,
-                    &[
-                        scope.into(), key.into(), fingerprint.into(), token.into(),
-                        lease_end.into(), now.into(), expires_at.into(), read_token.into(),
-                    ],
-                );
-                if spi::processed() == 1 {
-                    return Ok(Answer::claimed("claimed", token, 1, lease_end, expires_at, None, None));
+            let stored = Stored::read(&row);
+            if stored.expires_at <= now {
+                match new_claim(client, Some(stored.token)) {
+                    Some(answer) => return Ok(answer),
+                    None => continue,
                 }
-                continue;
             }
 
-            let stored_fingerprint: Option<String> = col(&row, 1);
-            let attempts: i32 = col(&row, 4).expect("attempts is NOT NULL");
-            if stored_fingerprint.as_deref() != fingerprint {
-                return Ok(Answer::mismatch(record_expires));
+            if stored.fingerprint.as_deref() != fingerprint {
+                return Ok(Answer::mismatch(stored.expires_at));
             }
-            let status: String = col(&row, 2).expect("status is NOT NULL");
-            if status == "completed" {
+            if stored.status == Status::Completed {
+                let response_status: Option<i32> = get(&row, &READ, "response_status");
                 return Ok(Answer {
-                    outcome: "replay",
-                    http_status: col(&row, 7),
-                    response_status: col(&row, 7),
-                    response_headers: col(&row, 8),
-                    response_body: col(&row, 9),
-                    attempts: Some(attempts),
-                    expires_at: Some(record_expires),
-                    ..Answer::default()
+                    http_status: response_status,
+                    response_status,
+                    response_headers: get(&row, &READ, "response_headers"),
+                    response_body: get(&row, &READ, "response_body"),
+                    attempts: Some(stored.attempts),
+                    expires_at: Some(stored.expires_at),
+                    ..Answer::empty(Outcome::Replay)
                 });
             }
-            let locked_until: TimestampWithTimeZone = col(&row, 5).expect("in_progress has a lease");
+            let locked_until = stored.locked_until.expect("in_progress has a lease");
             if locked_until > now {
                 return Ok(Answer {
-                    outcome: "in_progress",
                     http_status: Some(409),
-                    attempts: Some(attempts),
-                    expires_at: Some(record_expires),
+                    attempts: Some(stored.attempts),
+                    expires_at: Some(stored.expires_at),
                     locked_until: Some(locked_until),
-                    ..Answer::default()
+                    ..Answer::empty(Outcome::InProgress)
                 });
             }
 
             // The owner's lease ended: take the claim over, fenced on the token we read.
             let token = spi::new_token();
-            let new_expires = if record_expires > expires_at { record_expires } else { expires_at };
+            let attempts = stored.attempts + 1;
+            let new_expires = if stored.expires_at > expires_at { stored.expires_at } else { expires_at };
             let taken = spi::run(
                 client,
                 &TAKE_OVER,
                 &[
-                    scope.into(), key.into(), token.into(), (attempts + 1).into(),
-                    lease_end.into(), now.into(), new_expires.into(), read_token.into(),
+                    scope.into(),
+                    key.into(),
+                    token.into(),
+                    attempts.into(),
+                    lease_end.into(),
+                    now.into(),
+                    new_expires.into(),
+                    stored.token.into(),
                 ],
             );
             if !taken.is_empty() {
                 let taken = taken.first();
                 return Ok(Answer::claimed(
-                    "reclaimed",
+                    Outcome::Reclaimed,
                     token,
-                    attempts + 1,
+                    attempts,
                     lease_end,
                     new_expires,
-                    col(&taken, 1),
-                    col(&taken, 2),
+                    get(&taken, &TAKE_OVER, "recovery_point"),
+                    get(&taken, &TAKE_OVER, "recovery_data"),
                 ));
             }
         }
@@ -213,9 +237,8 @@ fn claim(
 }
 
 /// One `idempotency.claim_result`, before it becomes a tuple.
-#[derive(Default)]
 struct Answer {
-    outcome: &'static str,
+    outcome: Outcome,
     token: Option<Uuid>,
     http_status: Option<i32>,
     response_status: Option<i32>,
@@ -229,8 +252,26 @@ struct Answer {
 }
 
 impl Answer {
+    /// An answer of `outcome` with every other column NULL.
+    fn empty(outcome: Outcome) -> Self {
+        Answer {
+            outcome,
+            token: None,
+            http_status: None,
+            response_status: None,
+            response_headers: None,
+            response_body: None,
+            recovery_point: None,
+            recovery_data: None,
+            attempts: None,
+            expires_at: None,
+            locked_until: None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn claimed(
-        outcome: &'static str,
+        outcome: Outcome,
         token: Uuid,
         attempts: i32,
         locked_until: TimestampWithTimeZone,
@@ -239,24 +280,23 @@ impl Answer {
         recovery_data: Option<Jsonb>,
     ) -> Self {
         Answer {
-            outcome,
             token: Some(token),
             attempts: Some(attempts),
             locked_until: Some(locked_until),
             expires_at: Some(expires_at),
             recovery_point,
             recovery_data,
-            ..Answer::default()
+            ..Answer::empty(outcome)
         }
     }
 
     fn mismatch(expires_at: TimestampWithTimeZone) -> Self {
-        Answer { outcome: "mismatch", http_status: Some(422), expires_at: Some(expires_at), ..Answer::default() }
+        Answer { http_status: Some(422), expires_at: Some(expires_at), ..Answer::empty(Outcome::Mismatch) }
     }
 
     fn into_tuple(self, fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, AllocatedByRust> {
         let datums = [
-            self.outcome.into_datum(),
+            self.outcome.as_str().into_datum(),
             self.token.into_datum(),
             self.http_status.into_datum(),
             self.response_status.into_datum(),
@@ -274,7 +314,11 @@ impl Answer {
         unsafe {
             let mut tupdesc: pg_sys::TupleDesc = std::ptr::null_mut();
             let class = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut tupdesc);
-            assert_eq!(class, pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE, "claim_result must be a composite type");
+            assert_eq!(
+                class,
+                pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE,
+                "claim_result must be a composite type"
+            );
             PgHeapTuple::from_datums(PgTupleDesc::from_pg_unchecked(tupdesc), datums)
                 .expect("claim_result has the columns idem_claim fills")
         }

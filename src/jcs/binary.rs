@@ -1,7 +1,7 @@
 //! RFC 8785 canonical JSON of a jsonb value read from its binary form (PostgreSQL's
 //! `JsonbContainer`, src/include/utils/jsonb.h), written in canonical order straight into a
-//! `Writer`: no text form, no second parse, no copy of the strings, no call into the server
-//! per element. Pure Rust over bytes; only numbers need the server (numeric's own format),
+//! `Writer` by `write_tree`: no text form, no second parse, no copy of the strings, no call
+//! into the server per element. Pure Rust over bytes; only numbers need the server (numeric's own format),
 //! so the caller formats them. Strings are UTF-8 bytes, as in a UTF-8 database (the caller
 //! sees to the encoding), and go to the writer unchecked.
 //!
@@ -10,7 +10,8 @@
 //! and either its length or, every JB_OFFSET_STRIDE children, its end offset; numbers and
 //! nested containers start at the next 4-byte boundary of the data.
 
-use crate::canonical_json::{self, CanonError, Writer};
+use super::writer::{sort_members, write_tree, Tree, Visit, Writer};
+use super::CanonError;
 
 const JB_CMASK: u32 = 0x0fff_ffff;
 const JB_FSCALAR: u32 = 0x1000_0000;
@@ -26,17 +27,98 @@ const JENTRY_ISNULL: u32 = 0x4000_0000;
 const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
 
 /// Writes a numeric datum's canonical text (the caller's: numbers need the server).
-pub type NumberWriter<'a, 'f> = &'f mut dyn FnMut(&'a [u8], &mut Writer) -> Result<(), CanonError>;
-
 /// One child of a container.
 #[derive(Clone, Copy)]
-pub enum Item<'a> {
+enum Item<'a> {
     String(&'a [u8]),
     /// A numeric datum (varlena), as stored.
     Numeric(&'a [u8]),
     Bool(bool),
     Null,
     Container(&'a [u8]),
+}
+
+/// Writes the canonical text of the jsonb whose root container is `root` (the bytes after
+/// the varlena header), leaving out the top-level keys in `ignore`. `number` writes a
+/// numeric datum's canonical text (numbers need the server's numeric formatting).
+pub fn write_jsonb<F>(root: &[u8], ignore: &[&str], w: &mut Writer, number: F) -> Result<(), CanonError>
+where
+    F: FnMut(&[u8], &mut Writer) -> Result<(), CanonError>,
+{
+    write_tree(&mut Binary { ignore, number }, Item::Container(root), w)
+}
+
+struct Binary<'a, F> {
+    ignore: &'a [&'a str],
+    number: F,
+}
+
+impl<'a, F> Tree for Binary<'a, F>
+where
+    F: FnMut(&[u8], &mut Writer) -> Result<(), CanonError>,
+{
+    type Node = Item<'a>;
+    type Key = &'a [u8];
+    type Elements = Children<'a>;
+
+    fn visit(
+        &mut self,
+        node: Item<'a>,
+        depth: usize,
+        w: &mut Writer,
+    ) -> Result<Visit<Children<'a>, &'a [u8], Item<'a>>, CanonError> {
+        let container = match node {
+            Item::Container(bytes) => bytes,
+            scalar => {
+                self.scalar(scalar, w)?;
+                return Ok(Visit::Written);
+            }
+        };
+        let (header, mut children) = Children::of(container)?;
+        if depth == 0 && header & JB_FSCALAR != 0 {
+            // A scalar is stored as an array of one element.
+            let item = children.next_item()?.ok_or(CanonError::CorruptJsonb)?;
+            self.scalar(item, w)?;
+            return Ok(Visit::Written);
+        }
+        if header & JB_FOBJECT == 0 {
+            return Ok(Visit::Array(children));
+        }
+        let count = (header & JB_CMASK) as usize;
+        let mut keys = Vec::with_capacity(count);
+        for _ in 0..count {
+            match children.next_item()? {
+                Some(Item::String(key)) => keys.push(key),
+                _ => return Err(CanonError::CorruptJsonb),
+            }
+        }
+        let ignore = if depth == 0 { self.ignore } else { &[] };
+        let mut members = Vec::with_capacity(count);
+        for key in keys {
+            let item = children.next_item()?.ok_or(CanonError::CorruptJsonb)?;
+            if !ignore.iter().any(|ignored| ignored.as_bytes() == key) {
+                members.push((key, item));
+            }
+        }
+        sort_members(&mut members);
+        Ok(Visit::Object(members))
+    }
+}
+
+impl<F> Binary<'_, F>
+where
+    F: FnMut(&[u8], &mut Writer) -> Result<(), CanonError>,
+{
+    fn scalar(&mut self, item: Item<'_>, w: &mut Writer) -> Result<(), CanonError> {
+        match item {
+            Item::String(s) => w.string_bytes(s),
+            Item::Numeric(datum) => (self.number)(datum, w)?,
+            Item::Bool(b) => w.raw(if b { "true" } else { "false" }),
+            Item::Null => w.raw("null"),
+            Item::Container(_) => return Err(CanonError::CorruptJsonb),
+        }
+        Ok(())
+    }
 }
 
 /// The children of a container, in stored order.
@@ -60,7 +142,7 @@ impl<'a> Children<'a> {
         Ok((header, Children { entries, data, next: 0, offset: 0 }))
     }
 
-    fn next(&mut self) -> Result<Option<Item<'a>>, CanonError> {
+    fn next_item(&mut self) -> Result<Option<Item<'a>>, CanonError> {
         if 4 * self.next >= self.entries.len() {
             return Ok(None);
         }
@@ -92,119 +174,12 @@ fn word(bytes: &[u8], at: usize) -> Result<u32, CanonError> {
     Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// A container being written: an array's elements are read as they are written; an
-/// object's members were read and sorted when it was opened.
-enum Open<'a> {
-    Array { children: Children<'a>, first: bool },
-    Object { members: std::vec::IntoIter<(&'a [u8], Item<'a>)>, first: bool },
-}
+impl<'a> Iterator for Children<'a> {
+    type Item = Result<Item<'a>, CanonError>;
 
-/// Writes the canonical text of the jsonb whose root container is `root` (the bytes after
-/// the varlena header), leaving out the top-level keys in `ignore`. `number` writes a
-/// numeric datum's canonical text.
-pub fn write<'a>(
-    root: &'a [u8],
-    ignore: &[&str],
-    w: &mut Writer,
-    number: NumberWriter<'a, '_>,
-) -> Result<(), CanonError> {
-    let (header, mut children) = Children::of(root)?;
-    if header & JB_FSCALAR != 0 {
-        // A scalar is stored as an array of one element.
-        let item = children.next()?.ok_or(CanonError::CorruptJsonb)?;
-        return write_scalar(item, w, number);
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_item().transpose()
     }
-    let mut stack: Vec<Open<'a>> = Vec::new();
-    open(root, ignore, w, &mut stack)?;
-    while let Some(top) = stack.last_mut() {
-        let item = match top {
-            Open::Array { children, first } => match children.next()? {
-                Some(item) => {
-                    if !std::mem::replace(first, false) {
-                        w.raw(",");
-                    }
-                    item
-                }
-                None => {
-                    w.raw("]");
-                    stack.pop();
-                    continue;
-                }
-            },
-            Open::Object { members, first } => match members.next() {
-                Some((key, item)) => {
-                    if !std::mem::replace(first, false) {
-                        w.raw(",");
-                    }
-                    w.string_bytes(key);
-                    w.raw(":");
-                    item
-                }
-                None => {
-                    w.raw("}");
-                    stack.pop();
-                    continue;
-                }
-            },
-        };
-        match item {
-            Item::Container(bytes) => open(bytes, &[], w, &mut stack)?,
-            scalar => write_scalar(scalar, w, number)?,
-        }
-    }
-    Ok(())
-}
-
-/// Writes the opening of a container and pushes it. `ignore`: keys to leave out of it.
-fn open<'a>(
-    container: &'a [u8],
-    ignore: &[&str],
-    w: &mut Writer,
-    stack: &mut Vec<Open<'a>>,
-) -> Result<(), CanonError> {
-    if stack.len() >= canonical_json::MAX_DEPTH {
-        return Err(CanonError::TooDeep);
-    }
-    let (header, mut children) = Children::of(container)?;
-    if header & JB_FOBJECT == 0 {
-        w.raw("[");
-        stack.push(Open::Array { children, first: true });
-        return Ok(());
-    }
-    let count = (header & JB_CMASK) as usize;
-    let mut keys = Vec::with_capacity(count);
-    for _ in 0..count {
-        match children.next()? {
-            Some(Item::String(key)) => keys.push(key),
-            _ => return Err(CanonError::CorruptJsonb),
-        }
-    }
-    let mut members = Vec::with_capacity(count);
-    for key in keys {
-        let item = children.next()?.ok_or(CanonError::CorruptJsonb)?;
-        if !ignore.iter().any(|ignored| ignored.as_bytes() == key) {
-            members.push((key, item));
-        }
-    }
-    canonical_json::sort_members(&mut members);
-    w.raw("{");
-    stack.push(Open::Object { members: members.into_iter(), first: true });
-    Ok(())
-}
-
-fn write_scalar<'a>(
-    item: Item<'a>,
-    w: &mut Writer,
-    number: NumberWriter<'a, '_>,
-) -> Result<(), CanonError> {
-    match item {
-        Item::String(s) => w.string_bytes(s),
-        Item::Numeric(datum) => number(datum, w)?,
-        Item::Bool(b) => w.raw(if b { "true" } else { "false" }),
-        Item::Null => w.raw("null"),
-        Item::Container(_) => return Err(CanonError::CorruptJsonb),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -222,8 +197,8 @@ mod tests {
     }
 
     fn canonical(root: &[u8], ignore: &[&str]) -> Result<String, CanonError> {
-        let mut w = Writer::new(false);
-        write(root, ignore, &mut w, &mut |_, w| {
+        let mut w = Writer::keeping();
+        write_jsonb(root, ignore, &mut w, |_, w| {
             w.raw("N");
             Ok(())
         })?;
@@ -269,7 +244,10 @@ mod tests {
             assert_eq!(canonical(&root[..cut], &[]), Err(CanonError::CorruptJsonb), "cut at {cut}");
         }
         // An unknown entry type, and an object key that is not a string.
-        assert_eq!(canonical(&container(0x4000_0000 | 1, &[0x6000_0000], &[]), &[]), Err(CanonError::CorruptJsonb));
+        assert_eq!(
+            canonical(&container(0x4000_0000 | 1, &[0x6000_0000], &[]), &[]),
+            Err(CanonError::CorruptJsonb)
+        );
         assert_eq!(
             canonical(&container(JB_FOBJECT | 1, &[JENTRY_ISNULL, JENTRY_ISNULL], &[]), &[]),
             Err(CanonError::CorruptJsonb)

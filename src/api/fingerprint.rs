@@ -2,8 +2,8 @@
 
 use pgrx::prelude::*;
 
-use crate::canonical_json;
-use crate::errors::{raise, IdemError};
+use crate::errors::{IdemError, OrRaise};
+use crate::jcs;
 use crate::jsonb::Jsonb;
 
 /// The sha256 of the payload's RFC 8785 canonical JSON, leaving out the top-level keys in
@@ -13,16 +13,13 @@ fn idem_fingerprint(
     payload: Option<Jsonb>,
     ignore: default!(Option<Vec<Option<String>>>, "NULL"),
 ) -> Option<String> {
-    match fingerprint_jsonb(payload, ignore) {
-        Ok(fingerprint) => fingerprint,
-        Err(e) => raise(e),
-    }
+    fingerprint_jsonb(payload, ignore).or_raise()
 }
 
 /// The sha256 of the bytes as they are.
 #[pg_extern(name = "idem_fingerprint", immutable, parallel_safe, strict)]
 fn idem_fingerprint_bytea(payload: &[u8]) -> String {
-    canonical_json::sha256_tagged(payload)
+    jcs::sha256_tagged(payload)
 }
 
 fn fingerprint_jsonb(
@@ -32,6 +29,5 @@ fn fingerprint_jsonb(
     let Some(payload) = payload else { return Ok(None) };
     let ignore: Vec<String> = ignore.unwrap_or_default().into_iter().flatten().collect();
     let ignore: Vec<&str> = ignore.iter().map(String::as_str).collect();
-    payload.fingerprint(&ignore).map(Some)
-        .map_err(|e| IdemError::invalid("payload", e.to_string()))
+    payload.fingerprint(&ignore).map(Some).map_err(|e| IdemError::invalid("payload", e.to_string()))
 }

@@ -5,57 +5,49 @@ use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{INT4OID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
 
-use crate::claim::interval_arg;
-use crate::errors::{raise, IdemError};
+use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
-use crate::spi::{self, col, Kind, Statement};
+use crate::record::Status;
+use crate::spi::{self, get_not_null, Kind, Statement};
 use crate::{settings, validate};
 
-/// `head` + "the row of (scope $1, key $2) that token $3 owns, still in_progress" + `tail`.
-macro_rules! fenced {
-    ($head:literal, $tail:literal) => {
-        concat!(
-            $head,
-            "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
-             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress'",
-            $tail
-        )
-    };
-}
+// Each statement touches the row of (scope $1, key $2) only while token $3 owns it, it is
+// still in_progress and it has not expired.
 
 // $1 scope, $2 key, $3 token, $4 response_status, $5 response_headers, $6 response_body, $7 now
 static COMPLETE: Statement = Statement {
-    sql: fenced!(
-        "UPDATE idempotency.keys \
-         SET status = 'completed', locked_until = NULL, response_status = $4, \
-             response_headers = $5, response_body = $6, completed_at = $7, updated_at = $7 \
-         WHERE ",
-        " AND expires_at OPERATOR(pg_catalog.>) $7"
-    ),
+    sql: "UPDATE idempotency.keys \
+          SET status = 'completed', locked_until = NULL, response_status = $4, \
+              response_headers = $5, response_body = $6, completed_at = $7, updated_at = $7 \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+            AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
+            AND expires_at OPERATOR(pg_catalog.>) $7",
     args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, JSONBOID, JSONBOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 token, $4 recovery_point, $5 recovery_data, $6 locked_until, $7 now
 static CHECKPOINT: Statement = Statement {
-    sql: fenced!(
-        "UPDATE idempotency.keys \
-         SET recovery_point = $4, recovery_data = $5, locked_until = $6, updated_at = $7 \
-         WHERE ",
-        " AND expires_at OPERATOR(pg_catalog.>) $7"
-    ),
+    sql: "UPDATE idempotency.keys \
+          SET recovery_point = $4, recovery_data = $5, locked_until = $6, updated_at = $7 \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+            AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
+            AND expires_at OPERATOR(pg_catalog.>) $7",
     args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // $1 scope, $2 key, $3 token, $4 now
 static RELEASE: Statement = Statement {
-    sql: fenced!(
-        "DELETE FROM idempotency.keys WHERE ",
-        " AND expires_at OPERATOR(pg_catalog.>) $4"
-    ),
+    sql: "DELETE FROM idempotency.keys \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+            AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
+            AND expires_at OPERATOR(pg_catalog.>) $4",
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 // Why a fenced statement touched nothing. Runs after a write, so with a fresh snapshot.
@@ -64,8 +56,8 @@ static DIAGNOSE: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &["token", "status", "expires_at"],
 };
-
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_complete(
@@ -76,9 +68,7 @@ fn idem_complete(
     response_body: default!(Option<Jsonb>, "NULL"),
     response_headers: default!(Option<Jsonb>, "NULL"),
 ) {
-    if let Err(e) = complete(scope, key, token, response_status, response_body, response_headers) {
-        raise(e)
-    }
+    complete(scope, key, token, response_status, response_body, response_headers).or_raise()
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -90,18 +80,12 @@ fn idem_checkpoint(
     recovery_data: default!(Option<Jsonb>, "NULL"),
     lease: default!(Option<Interval>, "NULL"),
 ) -> TimestampWithTimeZone {
-    match checkpoint(scope, key, token, recovery_point, recovery_data, lease) {
-        Ok(locked_until) => locked_until,
-        Err(e) => raise(e),
-    }
+    checkpoint(scope, key, token, recovery_point, recovery_data, lease).or_raise()
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_release(scope: Option<&str>, key: Option<&str>, token: Option<Uuid>) -> bool {
-    match release(scope, key, token) {
-        Ok(released) => released,
-        Err(e) => raise(e),
-    }
+    release(scope, key, token).or_raise()
 }
 
 fn complete(
@@ -128,8 +112,13 @@ fn complete(
             client,
             &COMPLETE,
             &[
-                scope.into(), key.into(), token.into(), status.into(),
-                response_headers.into(), response_body.into(), now.into(),
+                scope.into(),
+                key.into(),
+                token.into(),
+                status.into(),
+                response_headers.into(),
+                response_body.into(),
+                now.into(),
             ],
         );
         if spi::processed() == 1 {
@@ -153,7 +142,7 @@ fn checkpoint(
     let recovery_point = validate::required("recovery_point", recovery_point)?;
     let size = recovery_data.map_or(0, |d| d.raw_size()) + recovery_point.len();
     validate::stored_size("recovery_data", size, settings::max_response_bytes())?;
-    let lease = interval_arg("lease", lease, settings::default_lease)?;
+    let lease = validate::interval_arg("lease", lease, settings::default_lease)?;
     spi::require_primary("idem_checkpoint")?;
     let now = spi::now();
     let locked_until = now + lease;
@@ -162,8 +151,13 @@ fn checkpoint(
             client,
             &CHECKPOINT,
             &[
-                scope.into(), key.into(), token.into(), recovery_point.into(),
-                recovery_data.into(), locked_until.into(), now.into(),
+                scope.into(),
+                key.into(),
+                token.into(),
+                recovery_point.into(),
+                recovery_data.into(),
+                locked_until.into(),
+                now.into(),
             ],
         );
         if spi::processed() == 1 {
@@ -198,14 +192,14 @@ fn why_not_owned(
         return IdemError::NoLiveRecord { scope: scope_s, key: key_s };
     }
     let row = found.first();
-    let owner: Uuid = col(&row, 1).expect("token is NOT NULL");
-    let status: String = col(&row, 2).expect("status is NOT NULL");
-    let expires_at: TimestampWithTimeZone = col(&row, 3).expect("expires_at is NOT NULL");
+    let owner: Uuid = get_not_null(&row, &DIAGNOSE, "token");
+    let status: String = get_not_null(&row, &DIAGNOSE, "status");
+    let expires_at: TimestampWithTimeZone = get_not_null(&row, &DIAGNOSE, "expires_at");
     if expires_at <= now {
         IdemError::NoLiveRecord { scope: scope_s, key: key_s }
     } else if owner != token {
         IdemError::NotOwner { scope: scope_s, key: key_s }
-    } else if status == "completed" {
+    } else if Status::parse(&status) == Some(Status::Completed) {
         IdemError::AlreadyCompleted { scope: scope_s, key: key_s }
     } else {
         IdemError::NotOwner { scope: scope_s, key: key_s }

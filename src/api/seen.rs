@@ -5,9 +5,8 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::{TEXTOID, TIMESTAMPTZOID};
 use pgrx::prelude::*;
 
-use crate::claim::interval_arg;
-use crate::errors::{raise, IdemError};
-use crate::spi::{self, col, Kind, Statement};
+use crate::errors::{IdemError, OrRaise};
+use crate::spi::{self, get_not_null, Kind, Statement};
 use crate::{settings, validate};
 
 static READ: Statement = Statement {
@@ -15,6 +14,7 @@ static READ: Statement = Statement {
           WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
+    columns: &["expires_at"],
 };
 
 // $1 scope, $2 message_id, $3 now, $4 expires_at. An expired row counts as never seen.
@@ -27,31 +27,25 @@ static RECORD: Statement = Statement {
           WHERE m.expires_at OPERATOR(pg_catalog.<=) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
+    columns: &[],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
-fn idem_seen(
-    scope: Option<&str>,
-    message_id: Option<&str>,
-    ttl: default!(Option<Interval>, "NULL"),
-) -> bool {
-    match seen(scope, message_id, ttl) {
-        Ok(first_time) => first_time,
-        Err(e) => raise(e),
-    }
+fn idem_seen(scope: Option<&str>, message_id: Option<&str>, ttl: default!(Option<Interval>, "NULL")) -> bool {
+    seen(scope, message_id, ttl).or_raise()
 }
 
 fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) -> Result<bool, IdemError> {
     let scope = validate::key_text("scope", scope)?;
     let message_id = validate::key_text("message_id", message_id)?;
-    let ttl = interval_arg("ttl", ttl, settings::default_ttl)?;
+    let ttl = validate::interval_arg("ttl", ttl, settings::default_ttl)?;
     spi::require_primary("idem_seen")?;
     let now = spi::now();
     let expires_at = now + ttl;
     Ok(Spi::connect_mut(|client| {
         let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
         if !found.is_empty() {
-            let live_until: TimestampWithTimeZone = col(&found.first(), 1).expect("expires_at is NOT NULL");
+            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), &READ, "expires_at");
             if live_until > now {
                 return false;
             }

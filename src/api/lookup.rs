@@ -5,8 +5,8 @@ use pgrx::pg_sys::{TEXTOID, TIMESTAMPTZOID};
 use pgrx::prelude::*;
 use pgrx::AllocatedByRust;
 
-use crate::errors::{raise, IdemError};
-use crate::spi::{self, col, Kind, Statement};
+use crate::errors::{IdemError, OrRaise};
+use crate::spi::{self, get, Kind, Statement};
 use crate::validate;
 
 static LOOKUP: Statement = Statement {
@@ -15,6 +15,7 @@ static LOOKUP: Statement = Statement {
             AND k.expires_at OPERATOR(pg_catalog.>) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID],
     kind: Kind::Read,
+    columns: &["k"],
 };
 
 #[pg_extern(stable, parallel_restricted)]
@@ -22,10 +23,7 @@ fn idem_lookup(
     scope: Option<&str>,
     key: Option<&str>,
 ) -> SetOfIterator<'static, pgrx::composite_type!('static, "idempotency.keys")> {
-    match lookup(scope, key) {
-        Ok(record) => SetOfIterator::new(record),
-        Err(e) => raise(e),
-    }
+    SetOfIterator::new(lookup(scope, key).or_raise())
 }
 
 fn lookup(
@@ -40,7 +38,7 @@ fn lookup(
         if found.is_empty() {
             None
         } else {
-            col(&found.first(), 1)
+            get(&found.first(), &LOOKUP, "k")
         }
     }))
 }

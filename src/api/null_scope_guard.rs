@@ -1,6 +1,6 @@
-//! The NULL-scope guard: a planner support function attached (sql/citus.sql) to every
-//! scope-first function. While a call is simplified at plan time it refuses a NULL constant
-//! scope with 22004. On a Citus coordinator that happens before function-call delegation
+//! The NULL-scope guard (SQL: `idempotency.idem_scope_support(internal)`): a planner
+//! support function attached (sql/citus.sql) to every scope-first function. While a call is
+//! simplified at plan time it refuses a NULL constant scope with 22004. On a Citus coordinator that happens before function-call delegation
 //! reads the scope to pick a shard: Citus 13.0 hashes a NULL distribution argument without
 //! checking it and the coordinator crashes (signal 11), so a delegated function must never
 //! reach Citus with one. Anything else (a non-NULL scope, a parameter, an expression) is

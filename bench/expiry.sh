@@ -86,7 +86,7 @@ if [ "$SMOKE" = 1 ]; then
     SECONDS_PER_RUN=2; CLIENTS="2"; ROUNDS=1; LEVELS="1000 20000"; EXPIRED=20000
     CHURN_SECONDS=8; CHURN_RATE=200; CHURN_BASE=5000
 fi
-OUT=${OUT:-$BENCH/results/expiry-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+OUT=${OUT:-$BENCH/results/expiry-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
 mkdir -p "$OUT/logs"
 SUMMARY=$OUT/summary.md
 : >"$SUMMARY"

@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 command -v valgrind >/dev/null || { echo "profile.sh needs valgrind (apt-get install valgrind)" >&2; exit 1; }
-OUT=${OUT:-$BENCH/results/profile-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+OUT=${OUT:-$BENCH/results/profile-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
 mkdir -p "$OUT"
 chmod 777 "$OUT"   # the postgres OS user writes the callgrind files
 trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT

@@ -81,7 +81,7 @@ if [ -n "$PORT$CDIR" ]; then
 fi
 # on_major M: q, pgbench, machine_info and checks.sh talk to M's cluster.
 on_major() { use_major "$1"; PORT=${PORTS[$1]}; CDIR=${CDIRS[$1]}; }
-OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
 mkdir -p "$OUT/logs"
 DB=bench
 

@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$SMOKE" = 1 ] && { SECONDS_PER_RUN=1; CLIENTS=2; ROUNDS=1; ROWS=10000; }
 CDIR=/tmp/idempotency-variants-$PORT
-OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke)}
+OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
 mkdir -p "$OUT/logs"
 trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 

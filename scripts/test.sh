@@ -19,6 +19,12 @@
 #   e2e           the example HTTP service under faults (on 15)
 #   bench-smoke   the benchmark scripts, tiny runs (on 15)
 #   citus         Citus, where installed (skipped with a message otherwise)
+#   meta          META.json against Cargo.toml, the control file, the changelog
+#   package       the .deb for 15 (dpkg -i / -r, lintian) and the tarball for 18
+#   monitoring    prometheus-postgres-exporter scraped, alert rules (promtool)
+#   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
+#   migrate       a 15 database moved to 18 by dump and restore (after both majors)
+#   portable      the portable (plain SQL) edition on 15 and 18 (after both majors)
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
@@ -36,7 +42,9 @@ STARTED=$SECONDS
 # --- the suites --------------------------------------------------------------------------
 
 # register NAME WHERE TIER NEEDS COMMAND...
-#   WHERE  once (not tied to a major) | each (every major) | 15 | 18 (that major only)
+#   WHERE  once (not tied to a major, before the majors' suites) | after (once, after every
+#          major's suites, when the extension is installed into each) | each (every major) |
+#          15 | 18 (that major only)
 #   TIER   fast (also in `scripts/test.sh fast`) | full
 #   NEEDS  - | ext (the release build installed into the major) | cluster (also the shared
 #          test cluster running, in PGHOST/PGPORT)
@@ -64,6 +72,15 @@ register_suites() {
     register e2e             15   full ext     tests/e2e/run.sh
     register bench-smoke     15   full ext     bench_smoke
     register citus           each full ext     tests/citus/run.sh
+    # Suites of the packaging, monitoring, portable-edition and client-package work.
+    register meta            once full -       tests/package/meta.sh
+    register package         once full -       tests/package/run.sh
+    register monitoring      each full ext     tests/monitoring/run.sh
+    register python-client   15   full ext     clients/python/test.sh
+    register node-client     15   full ext     clients/node/test.sh
+    register rust-client     15   full ext     clients/rust/test.sh
+    register migrate         after full ext    tests/migrate/run.sh
+    register portable        after full ext    tests/portable/run.sh
 }
 
 pgrx_tests() {
@@ -245,6 +262,7 @@ rm -rf "$LOGS"/*.log "$LOGS"/pg*/
 for name in "${NAMES[@]}"; do
     is_wanted "$name" && [ "${WHERE[$name]}" = once ] && run "$name"
 done
+after=()
 
 for major in "${majors[@]}"; do
     use_major "$major" || { total_failed=$((total_failed + 1)); broken+=("PostgreSQL $major"); continue; }
@@ -254,6 +272,11 @@ for major in "${majors[@]}"; do
         is_wanted "$name" || continue
         case ${WHERE[$name]} in
         once) continue ;;
+        after)
+            # The extension installed into every major first, when the suite needs it.
+            [ "${NEEDS[$name]}" = ext ] && install_extension_build
+            [ "$major" = "${majors[-1]}" ] && after+=("$name")
+            continue ;;
         each) ;;
         "$PG_MAJOR") ;;
         *) not_here "$name" " (pg$PG_MAJOR)" "it runs on PostgreSQL ${WHERE[$name]} only"; continue ;;
@@ -273,15 +296,23 @@ for major in "${majors[@]}"; do
     done
     stop_test_cluster
 done
+[ ${#after[@]} -gt 0 ] && { echo; echo "==== after every major"; use_major "${majors[0]}"; }
+for name in "${after[@]}"; do
+    run "$name"
+done
 
 echo
-printf '%-18s %6s' "seconds" ""
+printf '%-18s %6s' "duration (s)" "once"
 for major in "${majors[@]}"; do printf ' %6s' "pg$major"; done
 echo
 for name in install "${NAMES[@]}"; do
     row=$(printf '%-18s %6s' "$name" "${DURATION[$name|]:-}")
-    for major in "${majors[@]}"; do row+=$(printf ' %6s' "${DURATION[$name|$major]:-}"); done
-    [[ $row =~ [0-9] ]] && echo "$row"
+    took=${DURATION[$name|]:-}
+    for major in "${majors[@]}"; do
+        row+=$(printf ' %6s' "${DURATION[$name|$major]:-}")
+        took+=${DURATION[$name|$major]:-}
+    done
+    [ -n "$took" ] && echo "$row"
 done
 echo "wall clock: $((SECONDS - STARTED)) s"
 if [ ${#broken[@]} -gt 0 ]; then

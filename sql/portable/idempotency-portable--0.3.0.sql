@@ -145,6 +145,16 @@ BEGIN
 END
 $$;
 
+-- The error for a scope, key or message id argument, as "SQLSTATE message" (NULL: none):
+-- 22004 for NULL, 22023 naming what is wrong. The idem_* functions raise it themselves.
+CREATE FUNCTION idempotency.portable_key_error(arg text, val text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN val IS NULL THEN '22004 argument "' || arg || '" must not be null'
+                ELSE '22023 invalid argument "' || arg || '": ' || idempotency.portable_key_problem(val) END
+$$;
+
 -- What is wrong with a ttl or lease (NULL: nothing). Intervals compare as PostgreSQL
 -- compares them (a month is 30 days, a day 24 hours), which is the native rule.
 CREATE FUNCTION idempotency.portable_interval_problem(val interval) RETURNS text
@@ -178,6 +188,27 @@ BEGIN
         RETURN NULL;
     END IF;
     RETURN val;
+END
+$$;
+
+-- A ttl or lease argument: `val` when given (it must be positive, 22023 naming `arg`), else
+-- the interval setting `setting`, else `fallback`. problem: NULL, or "SQLSTATE message".
+CREATE FUNCTION idempotency.portable_interval_arg(arg text, val interval, setting text, fallback interval,
+                                                  OUT value interval, OUT problem text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF val IS NOT NULL THEN
+        value := val;
+        problem := '22023 invalid argument "' || arg || '": ' || idempotency.portable_interval_problem(val);
+    ELSE
+        value := idempotency.portable_interval_setting(setting, fallback);
+        IF value IS NULL THEN
+            problem := format('22023 invalid value for setting "%s": "%s" (it must be a positive interval of at most 10000 years)',
+                              setting, current_setting(setting, true));
+        END IF;
+    END IF;
 END
 $$;
 
@@ -493,43 +524,19 @@ DECLARE
     n bigint;
     answer idempotency.claim_result;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'argument "key" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(key);
+    SELECT a.value, a.problem INTO ttl, problem
+      FROM idempotency.portable_interval_arg('ttl', ttl, 'idempotency.default_ttl', interval '24 hours') AS a;
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "key": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
-    IF ttl IS NULL THEN
-        ttl := idempotency.portable_interval_setting('idempotency.default_ttl', interval '24 hours');
-        IF ttl IS NULL THEN
-            RAISE EXCEPTION 'invalid value for setting "idempotency.default_ttl": "%"', current_setting('idempotency.default_ttl', true)
-                USING ERRCODE = '22023', DETAIL = 'The value must be a positive interval of at most 10000 years.';
-        END IF;
-    ELSE
-        problem := idempotency.portable_interval_problem(ttl);
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'invalid argument "ttl": %', problem USING ERRCODE = '22023';
-        END IF;
-    END IF;
-    IF lease IS NULL THEN
-        lease := idempotency.portable_interval_setting('idempotency.default_lease', interval '5 minutes');
-        IF lease IS NULL THEN
-            RAISE EXCEPTION 'invalid value for setting "idempotency.default_lease": "%"', current_setting('idempotency.default_lease', true)
-                USING ERRCODE = '22023', DETAIL = 'The value must be a positive interval of at most 10000 years.';
-        END IF;
-    ELSE
-        problem := idempotency.portable_interval_problem(lease);
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'invalid argument "lease": %', problem USING ERRCODE = '22023';
-        END IF;
+    SELECT a.value, a.problem INTO lease, problem
+      FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'idem_claim cannot run on a read-only server'
@@ -638,19 +645,9 @@ DECLARE
     n bigint;
     rec record;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
-    END IF;
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'argument "key" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(key);
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "key": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF token IS NULL THEN
         RAISE EXCEPTION 'argument "token" must not be null' USING ERRCODE = '22004';
@@ -736,19 +733,9 @@ DECLARE
     n bigint;
     rec record;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
-    END IF;
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'argument "key" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(key);
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "key": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF token IS NULL THEN
         RAISE EXCEPTION 'argument "token" must not be null' USING ERRCODE = '22004';
@@ -767,17 +754,10 @@ BEGIN
             USING ERRCODE = '54000',
                   HINT = 'Raise idempotency.max_response_size, or store a reference to the data instead of the data.';
     END IF;
-    IF lease IS NULL THEN
-        lease := idempotency.portable_interval_setting('idempotency.default_lease', interval '5 minutes');
-        IF lease IS NULL THEN
-            RAISE EXCEPTION 'invalid value for setting "idempotency.default_lease": "%"', current_setting('idempotency.default_lease', true)
-                USING ERRCODE = '22023', DETAIL = 'The value must be a positive interval of at most 10000 years.';
-        END IF;
-    ELSE
-        problem := idempotency.portable_interval_problem(lease);
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'invalid argument "lease": %', problem USING ERRCODE = '22023';
-        END IF;
+    SELECT a.value, a.problem INTO lease, problem
+      FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'idem_checkpoint cannot run on a read-only server'
@@ -826,19 +806,9 @@ DECLARE
     problem text;
     n bigint;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
-    END IF;
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'argument "key" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(key);
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "key": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF token IS NULL THEN
         RAISE EXCEPTION 'argument "token" must not be null' USING ERRCODE = '22004';
@@ -866,19 +836,9 @@ AS $$
 DECLARE
     problem text;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
-    END IF;
-    IF key IS NULL THEN
-        RAISE EXCEPTION 'argument "key" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(key);
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "key": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     RETURN QUERY
         SELECT k.* FROM idempotency.keys AS k
@@ -899,31 +859,14 @@ DECLARE
     live_until timestamptz;
     n bigint;
 BEGIN
-    IF scope IS NULL THEN
-        RAISE EXCEPTION 'argument "scope" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(scope);
+    problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('message_id', message_id));
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "scope": %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
-    IF message_id IS NULL THEN
-        RAISE EXCEPTION 'argument "message_id" must not be null' USING ERRCODE = '22004';
-    END IF;
-    problem := idempotency.portable_key_problem(message_id);
+    SELECT a.value, a.problem INTO ttl, problem
+      FROM idempotency.portable_interval_arg('ttl', ttl, 'idempotency.default_ttl', interval '24 hours') AS a;
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid argument "message_id": %', problem USING ERRCODE = '22023';
-    END IF;
-    IF ttl IS NULL THEN
-        ttl := idempotency.portable_interval_setting('idempotency.default_ttl', interval '24 hours');
-        IF ttl IS NULL THEN
-            RAISE EXCEPTION 'invalid value for setting "idempotency.default_ttl": "%"', current_setting('idempotency.default_ttl', true)
-                USING ERRCODE = '22023', DETAIL = 'The value must be a positive interval of at most 10000 years.';
-        END IF;
-    ELSE
-        problem := idempotency.portable_interval_problem(ttl);
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'invalid argument "ttl": %', problem USING ERRCODE = '22023';
-        END IF;
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'idem_seen cannot run on a read-only server'
@@ -1060,17 +1003,10 @@ BEGIN
     IF release IS NULL THEN
         RAISE EXCEPTION 'argument "release" must not be null' USING ERRCODE = '22004';
     END IF;
-    IF lease IS NULL THEN
-        lease := idempotency.portable_interval_setting('idempotency.default_lease', interval '5 minutes');
-        IF lease IS NULL THEN
-            RAISE EXCEPTION 'invalid value for setting "idempotency.default_lease": "%"', current_setting('idempotency.default_lease', true)
-                USING ERRCODE = '22023', DETAIL = 'The value must be a positive interval of at most 10000 years.';
-        END IF;
-    ELSE
-        problem := idempotency.portable_interval_problem(lease);
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'invalid argument "lease": %', problem USING ERRCODE = '22023';
-        END IF;
+    SELECT a.value, a.problem INTO lease, problem
+      FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'idem_reclaim_stale cannot run on a read-only server'

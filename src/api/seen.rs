@@ -60,11 +60,15 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
 }
 
 // $1 scope, $2 the batch's distinct ids, $3 now: those that are live (seen, not expired).
-// One index scan of the primary key with the ids as array keys.
+// One primary-key lookup per id, as idem_seen's READ does: a scalar subquery is planned on
+// its own as the lookup of one row. (A join with the array, or `message_id = ANY ($2)`, is
+// planned once per backend, and a plan made while the table was small can scan the whole
+// scope and test each row against the array, slower with every batch recorded.)
 static READ_MANY: Statement = Statement {
-    sql: "SELECT message_id FROM idempotency.messages \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
-            AND expires_at OPERATOR(pg_catalog.>) $3",
+    sql: "SELECT id AS message_id FROM pg_catalog.unnest($2) AS id \
+          WHERE (SELECT m.expires_at FROM idempotency.messages AS m \
+                 WHERE m.scope OPERATOR(pg_catalog.=) $1 AND m.message_id OPERATOR(pg_catalog.=) id) \
+                OPERATOR(pg_catalog.>) $3",
     args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
     kind: Kind::Read,
     columns: &["message_id"],

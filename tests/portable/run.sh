@@ -141,6 +141,15 @@ section_install() {
     q "$OWNER" port_install -1 -f "$RELEASE" >/dev/null 2>&1
     after=$(q "$OWNER" port_install -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace")
     check "$M install: a second run fails and leaves the install as it was" "$before" "$after"
+    # A placeholder setting is refused where it is used (the native edition refuses the SET):
+    # a bad idempotency.tombstone_ttl stops a claim that meets an expired completed record,
+    # and the sweep, with 22023 and nothing written.
+    q "$OWNER" port_install -c "SELECT idempotency.idem_complete('ts', 'old', token, 200) FROM idempotency.idem_claim('ts', 'old', ttl => '1 ms')" \
+        -c "SELECT pg_sleep(0.01)" >/dev/null
+    local bad="SET idempotency.tombstone_ttl = '-1 hour'"
+    check "$M install: a bad idempotency.tombstone_ttl: claim 22023, sweep 22023, a fresh key still claims, the record kept" \
+        "22023|22023|00000|1" \
+        "$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'old')")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_sweep()")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'new')")|$(q "$OWNER" port_install -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'ts' AND key = 'old'")"
 }
 
 # The previous release, records in it, then the upgrade file: the same catalog as a fresh

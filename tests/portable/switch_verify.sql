@@ -16,6 +16,14 @@ SELECT idempotency.idem_complete('sw', 'stale', (SELECT token FROM public.switch
 SELECT outcome || ' ' || attempts FROM idempotency.idem_claim('sw', 'expired', 'fp');
 -- Message ids: a live one is a duplicate, an expired one is new.
 SELECT idempotency.idem_seen('sw', 'm-live') || ' ' || idempotency.idem_seen('sw', 'm-old');
+-- 0.4.0: with tombstones on, the expired completed record answers expired (410) with its status.
+SET idempotency.tombstone_ttl = '1 hour';
+SELECT outcome || ' ' || http_status || ' ' || response_status FROM idempotency.idem_claim('sw', 'tomb', 'fp');
+RESET idempotency.tombstone_ttl;
+-- The claim made with a caller's token: the same call again answers claimed, with that token.
+SELECT outcome || ' ' || token FROM idempotency.idem_claim('sw', 'mytoken', 'fp', token => '55555555-5555-4555-8555-555555555555');
+-- idem_seen_many shares the log: the live id is a duplicate.
+SELECT idempotency.idem_seen_many('sw', ARRAY['m-live', 'm-batch'])::text;
 -- Row-level security: the other tenant's record is invisible.
 SELECT count(*) FROM idempotency.idem_lookup('other', 'hidden');
 -- EXECUTE on idem_reclaim_stale stays revoked.

@@ -90,6 +90,30 @@ PREPARE seen_read(text, text) AS
 SELECT expires_at FROM idempotency.messages
  WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2;
 EXPLAIN (COSTS OFF) EXECUTE seen_read('consumer', 'msg-1');
+
+-- idem_seen_many's read: one lookup through the messages primary key per id of the batch.
+PREPARE seen_many_read(text, text[], timestamptz) AS
+SELECT id AS message_id FROM pg_catalog.unnest($2) AS id
+ WHERE (SELECT m.expires_at FROM idempotency.messages AS m
+         WHERE m.scope OPERATOR(pg_catalog.=) $1 AND m.message_id OPERATOR(pg_catalog.=) id)
+       OPERATOR(pg_catalog.>) $3;
+EXPLAIN (COSTS OFF) EXECUTE seen_many_read('consumer', ARRAY['msg-1', 'msg-2'], now());
+
+-- The sweep with tombstones on picks the expired records that still hold a response
+-- through keys_responses_idx, so it never steps over the tombstones it already made ...
+PREPARE make_tombstones(timestamptz, bigint) AS
+SELECT scope, key FROM idempotency.keys
+ WHERE (response_body IS NOT NULL OR response_headers IS NOT NULL)
+   AND expires_at OPERATOR(pg_catalog.<=) $1
+ ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE make_tombstones(now(), 10000);
+-- ... and the claims that expired in_progress through keys_in_progress_idx.
+PREPARE expired_claims(timestamptz, bigint) AS
+SELECT scope, key FROM idempotency.keys
+ WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL
+   AND expires_at OPERATOR(pg_catalog.<=) $1
+ ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE expired_claims(now(), 10000);
 -- (idempotency.stats' plan: 12_stats_plan.)
 
 RESET enable_seqscan;

@@ -13,7 +13,11 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # A new crate is one more line here, e.g.  "examples/charges-api/Cargo.toml;default"
 CRATES=(
     "Cargo.toml;default;pg_test"
+    "clients/rust/Cargo.toml;default"
+    "examples/charges-api/Cargo.toml;default"
 )
+# The client crate and the example service share one target folder (as their tests build them).
+CLIENTS_TARGET=$PWD/target/clients
 
 passed=0
 failed=0
@@ -33,12 +37,14 @@ check() { # check NAME COMMAND...
 for entry in "${CRATES[@]}"; do
     IFS=';' read -r -a parts <<<"$entry"
     manifest=${parts[0]}
+    target=()
+    [ "$manifest" = Cargo.toml ] || target=(env CARGO_TARGET_DIR="$CLIENTS_TARGET")
     check "fmt $manifest" cargo fmt --manifest-path "$manifest" --check
     for features in "${parts[@]:1}"; do
         flags=()
         [ "$features" = default ] || flags=(--features "$features")
         check "clippy $manifest ($features)" \
-            cargo clippy --manifest-path "$manifest" --all-targets "${flags[@]}" -- -D warnings
+            "${target[@]}" cargo clippy --locked --manifest-path "$manifest" --all-targets "${flags[@]}" -- -D warnings
     done
 done
 

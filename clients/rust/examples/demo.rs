@@ -60,18 +60,9 @@ struct Faults(bool);
 
 /// The tenant is the API key; none: 401 before anything is claimed.
 fn tenant(headers: &HeaderMap) -> Result<String, Response> {
-    match headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-    {
+    match headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim) {
         Some(t) if !t.is_empty() => Ok(t.to_owned()),
-        _ => Err(problem(
-            401,
-            "unauthorized",
-            "Unauthorized",
-            "The request has no X-Api-Key header.",
-        )),
+        _ => Err(problem(401, "unauthorized", "Unauthorized", "The request has no X-Api-Key header.")),
     }
 }
 
@@ -102,47 +93,26 @@ async fn create_charge(
         payload["amount"].as_i64().filter(|a| *a > 0),
         payload["currency"].as_str().filter(|c| !c.is_empty()),
     ) else {
-        return Ok(bad_request(
-            "The body must be {\"amount\": <positive integer>, \"currency\": <string>}.",
-        ));
+        return Ok(bad_request("The body must be {\"amount\": <positive integer>, \"currency\": <string>}."));
     };
     if faults.0 {
-        let fault = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        };
+        let fault = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if let Some(ms) = fault("x-fault-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if fault("x-fault-fail-before") == Some(1) {
-            return Ok(problem(
-                500,
-                "injected-fault",
-                "Injected fault",
-                "Failed before the side effect.",
-            ));
+            return Ok(problem(500, "injected-fault", "Injected fault", "Failed before the side effect."));
         }
     }
     let db = idem.db().await?;
     let row = db
-        .query_typed_one(
-            INSERT,
-            &[
-                (&tenant, Type::TEXT),
-                (&amount, Type::INT8),
-                (&currency, Type::TEXT),
-            ],
-        )
+        .query_typed_one(INSERT, &[(&tenant, Type::TEXT), (&amount, Type::INT8), (&currency, Type::TEXT)])
         .await
         .map_err(pg_idempotency::Error::from)?;
     let (id, json): (String, String) = (row.get(0), row.get(1));
     Ok((
         axum::http::StatusCode::CREATED,
-        [
-            (header::LOCATION, format!("/charges/{id}")),
-            (header::CONTENT_TYPE, "application/json".into()),
-        ],
+        [(header::LOCATION, format!("/charges/{id}")), (header::CONTENT_TYPE, "application/json".into())],
         json,
     )
         .into_response())
@@ -168,11 +138,9 @@ async fn get_charge(
         .map_err(pg_idempotency::Error::from)
     };
     match found.await {
-        Ok(Some(row)) => (
-            [(header::CONTENT_TYPE, "application/json")],
-            row.get::<_, String>(0),
-        )
-            .into_response(),
+        Ok(Some(row)) => {
+            ([(header::CONTENT_TYPE, "application/json")], row.get::<_, String>(0)).into_response()
+        }
         Ok(None) => problem(404, "not-found", "Not found", "No such charge."),
         Err(e) => e.into_response(),
     }
@@ -189,31 +157,17 @@ async fn main() {
     let manager = Manager::from_config(
         pg,
         tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
-    let pool = Pool::builder(manager)
-        .max_size(o.pool_size)
-        .build()
-        .expect("pool");
-    let schema = async {
-        pool.get()
-            .await?
-            .batch_execute(SCHEMA)
-            .await
-            .map_err(pg_idempotency::Error::from)
-    };
+    let pool = Pool::builder(manager).max_size(o.pool_size).build().expect("pool");
+    let schema = async { pool.get().await?.batch_execute(SCHEMA).await.map_err(pg_idempotency::Error::from) };
     if let Err(e) = schema.await {
         eprintln!("demo: creating table charges: {e}");
         std::process::exit(1);
     }
     let idem = IdempotencyLayer::new(pool.clone()).scope(scope);
     let app = Router::new()
-        .route(
-            "/charges",
-            post(create_charge).layer(idem.clone().same_transaction()),
-        )
+        .route("/charges", post(create_charge).layer(idem.clone().same_transaction()))
         .route(
             "/charges/external",
             post(create_charge).layer(idem.committed_first(Duration::from_millis(o.lease_ms))),
@@ -222,12 +176,10 @@ async fn main() {
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(Extension(pool))
         .layer(Extension(Faults(o.allow_fault_injection)));
-    let listener = tokio::net::TcpListener::bind(&o.listen)
-        .await
-        .unwrap_or_else(|e| {
-            eprintln!("demo: cannot listen on {}: {e}", o.listen);
-            std::process::exit(1)
-        });
+    let listener = tokio::net::TcpListener::bind(&o.listen).await.unwrap_or_else(|e| {
+        eprintln!("demo: cannot listen on {}: {e}", o.listen);
+        std::process::exit(1)
+    });
     log::info!("demo listening on {}", listener.local_addr().unwrap());
     axum::serve(listener, app).await.expect("server");
 }

@@ -116,10 +116,7 @@ pub async fn features(db: &impl GenericClient) -> Result<Features, Error> {
             &[],
         )
         .await?;
-    Ok(Features {
-        claim_wait_and_token: row.get(0),
-        seen_many: row.get(1),
-    })
+    Ok(Features { claim_wait_and_token: row.get(0), seen_many: row.get(1) })
 }
 
 /// An interval parameter, sent as text (`'1500 milliseconds'`) and cast by the server.
@@ -127,8 +124,7 @@ fn interval(d: Option<Duration>) -> Option<String> {
     d.map(|d| format!("{} milliseconds", d.as_millis()))
 }
 
-const CLAIM_COLUMNS: &str =
-    "c.outcome, c.token, c.http_status, c.response_status, c.response_headers,
+const CLAIM_COLUMNS: &str = "c.outcome, c.token, c.http_status, c.response_status, c.response_headers,
        c.response_body, c.response_body::text, c.recovery_point, c.recovery_data, c.attempts,
        extract(epoch FROM c.expires_at)::float8,
        extract(epoch FROM c.locked_until - clock_timestamp())::float8";
@@ -140,11 +136,7 @@ pub async fn claim(
     features: Features,
     args: &ClaimArgs<'_>,
 ) -> Result<Claim, Error> {
-    let (ttl, lease, wait) = (
-        interval(args.ttl),
-        interval(args.lease),
-        interval(args.wait),
-    );
+    let (ttl, lease, wait) = (interval(args.ttl), interval(args.lease), interval(args.wait));
     let (given, json, ignore, bytes) = match args.fingerprint {
         Fingerprint::None => (None, None, None, None),
         Fingerprint::Given(f) => (Some(f), None, None, None),
@@ -198,9 +190,7 @@ fn claim_from_row(row: &Row) -> Result<Claim, Error> {
         expires_at: row
             .get::<_, Option<f64>>(10)
             .and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs_f64(s.max(0.0)))),
-        lease_left: row
-            .get::<_, Option<f64>>(11)
-            .map(|s| Duration::from_secs_f64(s.max(0.0))),
+        lease_left: row.get::<_, Option<f64>>(11).map(|s| Duration::from_secs_f64(s.max(0.0))),
     })
 }
 
@@ -260,20 +250,11 @@ pub async fn checkpoint(
 }
 
 /// `idem_release`: false when the token no longer owns a live record.
-pub async fn release(
-    db: &impl GenericClient,
-    scope: &str,
-    key: &str,
-    token: Uuid,
-) -> Result<bool, Error> {
+pub async fn release(db: &impl GenericClient, scope: &str, key: &str, token: Uuid) -> Result<bool, Error> {
     let row = db
         .query_typed_one(
             "SELECT idempotency.idem_release($1, $2, $3)",
-            &[
-                (&scope, Type::TEXT),
-                (&key, Type::TEXT),
-                (&token, Type::UUID),
-            ],
+            &[(&scope, Type::TEXT), (&key, Type::TEXT), (&token, Type::UUID)],
         )
         .await?;
     Ok(row.get(0))
@@ -293,11 +274,7 @@ pub struct Record {
 }
 
 /// `idem_lookup`: the live record, or None. Read-only.
-pub async fn lookup(
-    db: &impl GenericClient,
-    scope: &str,
-    key: &str,
-) -> Result<Option<Record>, Error> {
+pub async fn lookup(db: &impl GenericClient, scope: &str, key: &str) -> Result<Option<Record>, Error> {
     let row = db
         .query_typed_opt(
             "SELECT k.status::text, k.fingerprint, k.attempts, k.recovery_point, k.recovery_data,
@@ -315,9 +292,7 @@ pub async fn lookup(
         recovery_data: r.get(4),
         response_status: r.get::<_, Option<i32>>(5).map(|s| s as u16),
         response_body: r.get(6),
-        lease_left: r
-            .get::<_, Option<f64>>(7)
-            .map(|s| Duration::from_secs_f64(s.max(0.0))),
+        lease_left: r.get::<_, Option<f64>>(7).map(|s| Duration::from_secs_f64(s.max(0.0))),
     }))
 }
 
@@ -333,11 +308,7 @@ pub async fn seen(
     let row = db
         .query_typed_one(
             "SELECT idempotency.idem_seen($1, $2, $3::interval)",
-            &[
-                (&scope, Type::TEXT),
-                (&message_id, Type::TEXT),
-                (&ttl, Type::TEXT),
-            ],
+            &[(&scope, Type::TEXT), (&message_id, Type::TEXT), (&ttl, Type::TEXT)],
         )
         .await?;
     Ok(row.get(0))
@@ -358,11 +329,7 @@ pub async fn seen_many(
     let row = db
         .query_typed_one(
             "SELECT idempotency.idem_seen_many($1, $2, $3::interval)",
-            &[
-                (&scope, Type::TEXT),
-                (&message_ids, Type::TEXT_ARRAY),
-                (&ttl, Type::TEXT),
-            ],
+            &[(&scope, Type::TEXT), (&message_ids, Type::TEXT_ARRAY), (&ttl, Type::TEXT)],
         )
         .await?;
     Ok(row.get(0))

@@ -127,9 +127,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Pool(e) => Some(e),
-            _ => self
-                .db_error()
-                .map(|e| e as &(dyn std::error::Error + 'static)),
+            _ => self.db_error().map(|e| e as &(dyn std::error::Error + 'static)),
         }
     }
 }

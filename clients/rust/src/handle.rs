@@ -105,16 +105,8 @@ impl Idem {
         // checkpoint goes into that transaction (from another connection it would wait on it).
         if s.committed_first && !s.tx_begun.load(Ordering::SeqCst) {
             let conn = s.pool.get().await?;
-            client::checkpoint(
-                &**conn,
-                &s.scope,
-                &s.key,
-                s.token,
-                point,
-                data.as_ref(),
-                Some(s.lease),
-            )
-            .await?;
+            client::checkpoint(&**conn, &s.scope, &s.key, s.token, point, data.as_ref(), Some(s.lease))
+                .await?;
         } else {
             let db = self.db().await?;
             client::checkpoint(&*db, &s.scope, &s.key, s.token, point, data.as_ref(), None).await?;
@@ -148,16 +140,8 @@ impl Idem {
             let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
             *guard = Some(conn);
             let db = guard.as_ref().expect("just set");
-            client::checkpoint(
-                &***db,
-                &s.scope,
-                &s.key,
-                s.token,
-                &point,
-                data.as_ref(),
-                Some(s.lease),
-            )
-            .await?;
+            client::checkpoint(&***db, &s.scope, &s.key, s.token, &point, data.as_ref(), Some(s.lease))
+                .await?;
         }
         Ok(Db(guard))
     }
@@ -171,9 +155,7 @@ pub struct Db(OwnedMutexGuard<Option<Object>>);
 impl Deref for Db {
     type Target = tokio_postgres::Client;
     fn deref(&self) -> &tokio_postgres::Client {
-        self.0
-            .as_ref()
-            .expect("the connection is there while the handler runs")
+        self.0.as_ref().expect("the connection is there while the handler runs")
     }
 }
 
@@ -183,12 +165,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Idem {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Idem>().cloned().ok_or_else(|| {
             log::error!("pg-idempotency: an Idem extractor on a route without IdempotencyLayer");
-            problem(
-                500,
-                "internal",
-                "Internal error",
-                "The route is not set up for idempotency.",
-            )
+            problem(500, "internal", "Internal error", "The route is not set up for idempotency.")
         })
     }
 }

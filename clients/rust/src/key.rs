@@ -38,10 +38,7 @@ pub fn parse(values: &[&[u8]]) -> Result<String, KeyError> {
         _ => return Err(KeyError::Repeated),
     };
     let malformed = |why: &str| KeyError::Malformed(why.to_owned());
-    if raw
-        .iter()
-        .any(|&b| !(0x20..0x7f).contains(&b) && b != b'\t')
-    {
+    if raw.iter().any(|&b| !(0x20..0x7f).contains(&b) && b != b'\t') {
         return Err(malformed("it holds a control or non-ASCII character"));
     }
     let item: Item = Parser::new(raw)
@@ -60,9 +57,7 @@ pub fn parse(values: &[&[u8]]) -> Result<String, KeyError> {
         return Err(malformed("it is empty"));
     }
     if key.len() > MAX_KEY_CHARS {
-        return Err(KeyError::Malformed(format!(
-            "it is longer than {MAX_KEY_CHARS} characters"
-        )));
+        return Err(KeyError::Malformed(format!("it is longer than {MAX_KEY_CHARS} characters")));
     }
     Ok(key)
 }
@@ -110,11 +105,7 @@ mod tests {
             ":YWJj:",
             "8e03978e-40d5",
         ] {
-            assert!(
-                matches!(one(bad), Err(KeyError::Malformed(_))),
-                "{bad:?} was accepted: {:?}",
-                one(bad)
-            );
+            assert!(matches!(one(bad), Err(KeyError::Malformed(_))), "{bad:?} was accepted: {:?}", one(bad));
         }
         assert!(one(&"k".repeat(256)).is_err());
         assert!(one(&format!("\"{}\"", "k".repeat(256))).is_err());

@@ -148,10 +148,7 @@ impl IdempotencyLayer {
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotent<S>;
     fn layer(&self, inner: S) -> Idempotent<S> {
-        Idempotent {
-            inner,
-            cfg: Arc::new(self.clone()),
-        }
+        Idempotent { inner, cfg: Arc::new(self.clone()) }
     }
 }
 
@@ -187,12 +184,7 @@ where
                 Ok(r) => Ok(r),
                 Err(e) => {
                     log::error!("pg-idempotency: request task failed: {e}");
-                    Ok(problem(
-                        500,
-                        "internal",
-                        "Internal error",
-                        "The request failed.",
-                    ))
+                    Ok(problem(500, "internal", "Internal error", "The request failed."))
                 }
             }
         })
@@ -222,26 +214,14 @@ where
         Ok(s) => s,
         Err(answer) => return answer,
     };
-    let values: Vec<&[u8]> = parts
-        .headers
-        .get_all("idempotency-key")
-        .iter()
-        .map(|v| v.as_bytes())
-        .collect();
+    let values: Vec<&[u8]> = parts.headers.get_all("idempotency-key").iter().map(|v| v.as_bytes()).collect();
     let key = match key::parse(&values) {
         Ok(k) => k,
         Err(e) => return key_problem(&e),
     };
     let bytes = match to_bytes(body, cfg.max_body).await {
         Ok(b) => b,
-        Err(_) => {
-            return problem(
-                413,
-                "body-too-large",
-                "Request body too large",
-                "The body is too large.",
-            )
-        }
+        Err(_) => return problem(413, "body-too-large", "Request body too large", "The body is too large."),
     };
     let features = match cfg
         .features
@@ -254,13 +234,7 @@ where
         Ok(f) => *f,
         Err(e) => return error_response("reading the extension's features", &e),
     };
-    let request = Claiming {
-        cfg: &cfg,
-        features,
-        scope,
-        key,
-        body: bytes,
-    };
+    let request = Claiming { cfg: &cfg, features, scope, key, body: bytes };
     match cfg.mode {
         Mode::SameTransaction => same_transaction(request, parts, inner).await,
         Mode::CommittedFirst => committed_first(request, parts, inner).await,

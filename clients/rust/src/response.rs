@@ -32,10 +32,7 @@ pub fn in_progress(retry_after_secs: u64, detail: &str) -> Response {
         "A request is outstanding for this Idempotency-Key",
         detail,
     );
-    r.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(retry_after_secs.max(1)),
-    );
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
     r
 }
 
@@ -44,14 +41,8 @@ pub fn is_json(content_type: Option<&HeaderValue>) -> bool {
     let Some(ct) = content_type.and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 /// A response as `idem_complete` stores it.
@@ -78,28 +69,19 @@ pub fn to_stored(
     let mut kept = Map::new();
     for name in allow {
         if let Some(v) = headers.get(name) {
-            let v = v
-                .to_str()
-                .map_err(|_| NotStorable("a header value is not ASCII"))?;
+            let v = v.to_str().map_err(|_| NotStorable("a header value is not ASCII"))?;
             kept.insert(display_name(name), Value::String(v.to_owned()));
         }
     }
     let body = if body.is_empty() {
         None
     } else if is_json(headers.get(header::CONTENT_TYPE)) {
-        Some(
-            serde_json::from_slice(body)
-                .map_err(|_| NotStorable("the JSON body does not parse"))?,
-        )
+        Some(serde_json::from_slice(body).map_err(|_| NotStorable("the JSON body does not parse"))?)
     } else {
         let text = std::str::from_utf8(body).map_err(|_| NotStorable("the body is not UTF-8"))?;
         Some(Value::String(text.to_owned()))
     };
-    Ok(Stored {
-        status: status.as_u16(),
-        headers: Value::Object(kept),
-        body,
-    })
+    Ok(Stored { status: status.as_u16(), headers: Value::Object(kept), body })
 }
 
 /// `location` -> `Location`, `content-type` -> `Content-Type` (stored for people reading rows).
@@ -122,10 +104,7 @@ fn display_name(name: &HeaderName) -> String {
 pub fn body_bytes(headers: &Value, body: Option<&Value>, json_text: Option<&str>) -> Vec<u8> {
     let content_type = headers
         .as_object()
-        .and_then(|m| {
-            m.iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-        })
+        .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-type")))
         .and_then(|(_, v)| v.as_str())
         .and_then(|v| HeaderValue::from_str(v).ok());
     match body {
@@ -143,17 +122,15 @@ pub fn from_stored(status: u16, headers: &Value, body: Vec<u8>, replayed: bool) 
         .expect("a valid response");
     if let Some(map) = headers.as_object() {
         for (name, value) in map {
-            if let (Ok(n), Some(Ok(v))) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                value.as_str().map(HeaderValue::from_str),
-            ) {
+            if let (Ok(n), Some(Ok(v))) =
+                (HeaderName::from_bytes(name.as_bytes()), value.as_str().map(HeaderValue::from_str))
+            {
                 r.headers_mut().insert(n, v);
             }
         }
     }
     if replayed {
-        r.headers_mut()
-            .insert(REPLAYED, HeaderValue::from_static("true"));
+        r.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
     }
     r
 }
@@ -165,10 +142,7 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
         }
         h
     }
@@ -176,41 +150,21 @@ mod tests {
     #[test]
     fn keeps_only_allow_listed_headers_and_parses_json() {
         let allow = [header::LOCATION, header::CONTENT_TYPE];
-        let h = headers(&[
-            ("location", "/x/1"),
-            ("content-type", "application/json"),
-            ("set-cookie", "a=b"),
-        ]);
-        let s = to_stored(
-            StatusCode::CREATED,
-            &h,
-            &Bytes::from_static(b"{\"b\":1, \"a\":[2]}"),
-            &allow,
-        )
-        .unwrap();
+        let h = headers(&[("location", "/x/1"), ("content-type", "application/json"), ("set-cookie", "a=b")]);
+        let s =
+            to_stored(StatusCode::CREATED, &h, &Bytes::from_static(b"{\"b\":1, \"a\":[2]}"), &allow).unwrap();
         assert_eq!(s.status, 201);
-        assert_eq!(
-            s.headers,
-            json!({"Location": "/x/1", "Content-Type": "application/json"})
-        );
+        assert_eq!(s.headers, json!({"Location": "/x/1", "Content-Type": "application/json"}));
         assert_eq!(s.body, Some(json!({"a": [2], "b": 1})));
     }
 
     #[test]
     fn text_bodies_are_strings_and_binary_is_refused() {
         let h = headers(&[("content-type", "text/plain")]);
-        let s = to_stored(
-            StatusCode::OK,
-            &h,
-            &Bytes::from_static(b"hello"),
-            &[header::CONTENT_TYPE],
-        )
-        .unwrap();
+        let s =
+            to_stored(StatusCode::OK, &h, &Bytes::from_static(b"hello"), &[header::CONTENT_TYPE]).unwrap();
         assert_eq!(s.body, Some(json!("hello")));
-        assert_eq!(
-            body_bytes(&s.headers, s.body.as_ref(), Some("\"hello\"")),
-            b"hello"
-        );
+        assert_eq!(body_bytes(&s.headers, s.body.as_ref(), Some("\"hello\"")), b"hello");
         assert!(to_stored(StatusCode::OK, &h, &Bytes::from_static(b"\xff\xfe"), &[]).is_err());
         let j = headers(&[("content-type", "application/json")]);
         assert!(to_stored(StatusCode::OK, &j, &Bytes::from_static(b"{nope"), &[]).is_err());
@@ -220,10 +174,7 @@ mod tests {
     fn json_bodies_are_sent_as_postgres_prints_them() {
         let h = json!({"Content-Type": "application/problem+json"});
         assert_eq!(body_bytes(&h, Some(&json!("x")), Some("\"x\"")), b"\"x\"");
-        assert_eq!(
-            body_bytes(&h, Some(&json!({"a": 1})), Some("{\"a\": 1}")),
-            b"{\"a\": 1}"
-        );
+        assert_eq!(body_bytes(&h, Some(&json!({"a": 1})), Some("{\"a\": 1}")), b"{\"a\": 1}");
         assert_eq!(body_bytes(&json!({}), None, None), b"");
     }
 

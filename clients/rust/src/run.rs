@@ -23,18 +23,10 @@ use crate::response::{body_bytes, from_stored, in_progress, problem, to_stored};
 
 pub(crate) fn error_response(what: &str, e: &Error) -> Response {
     if e.retryable() {
-        return in_progress(
-            1,
-            "Another request with this Idempotency-Key is being processed. Retry later.",
-        );
+        return in_progress(1, "Another request with this Idempotency-Key is being processed. Retry later.");
     }
     log::error!("pg-idempotency: {what}: {e}");
-    problem(
-        500,
-        "internal",
-        "Internal error",
-        "The request failed; it was not carried out.",
-    )
+    problem(500, "internal", "Internal error", "The request failed; it was not carried out.")
 }
 
 /// The answers to `replay`, `in_progress`, `mismatch` and `expired`: the handler does not run.
@@ -95,12 +87,7 @@ impl Claiming<'_> {
             token: Some(token),
         };
         let c = client::claim(db, self.features, &args).await?;
-        log::info!(
-            "pg-idempotency: {} key={:?} outcome={:?}",
-            self.scope,
-            self.key,
-            c.outcome
-        );
+        log::info!("pg-idempotency: {} key={:?} outcome={:?}", self.scope, self.key, c.outcome);
         Ok(c)
     }
 
@@ -162,9 +149,7 @@ struct InTransaction(Option<Object>);
 impl InTransaction {
     async fn end(mut self, commit: bool) -> Result<(), Error> {
         let conn = self.0.as_ref().expect("open");
-        let result = conn
-            .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
-            .await;
+        let result = conn.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }).await;
         if result.is_ok() {
             self.0.take(); // back to the pool, outside any transaction
         }
@@ -190,10 +175,7 @@ where
         Ok(c) => c,
         Err(e) => return error_response("pool", &Error::from(e)),
     };
-    let begin = format!(
-        "BEGIN; SET LOCAL lock_timeout = '{}ms'",
-        r.cfg.lock_timeout.as_millis()
-    );
+    let begin = format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", r.cfg.lock_timeout.as_millis());
     if let Err(e) = conn.batch_execute(&begin).await {
         return error_response("BEGIN", &Error::from(e));
     }
@@ -217,27 +199,20 @@ where
     let shared = r.shared(&claim, tx.0.take());
     let response = run_handler(inner, parts, r.body.clone(), Idem(shared.clone())).await;
     let Some(conn) = shared.conn.lock().await.take() else {
-        return problem(
-            500,
-            "internal",
-            "Internal error",
-            "The transaction was lost.",
-        );
+        return problem(500, "internal", "Internal error", "The transaction was lost.");
     };
     let tx = InTransaction(Some(conn));
     match r.disposition(&response) {
-        Disposition::Store => {
-            match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
-                Ok(answer) => match tx.end(true).await {
-                    Ok(()) => answer,
-                    Err(e) => error_response("COMMIT", &e),
-                },
-                Err(answer) => {
-                    let _ = tx.end(false).await;
-                    answer
-                }
+        Disposition::Store => match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
+            Ok(answer) => match tx.end(true).await {
+                Ok(()) => answer,
+                Err(e) => error_response("COMMIT", &e),
+            },
+            Err(answer) => {
+                let _ = tx.end(false).await;
+                answer
             }
-        }
+        },
         Disposition::Release | Disposition::Keep => {
             let _ = tx.end(false).await; // the claim goes with the rollback
             response
@@ -256,26 +231,13 @@ async fn store(
     let (parts, body) = response.into_parts();
     let bytes = to_bytes(body, usize::MAX).await.map_err(|e| {
         log::error!("pg-idempotency: reading the handler's response: {e}");
-        problem(
-            500,
-            "internal",
-            "Internal error",
-            "The response could not be read.",
-        )
+        problem(500, "internal", "Internal error", "The response could not be read.")
     })?;
     let stored = match to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers) {
         Ok(s) => s,
         Err(why) => {
-            log::error!(
-                "pg-idempotency: the response cannot be stored ({}); claim released",
-                why.0
-            );
-            return Err(problem(
-                500,
-                "internal",
-                "Internal error",
-                "The response could not be stored.",
-            ));
+            log::error!("pg-idempotency: the response cannot be stored ({}); claim released", why.0);
+            return Err(problem(500, "internal", "Internal error", "The response could not be stored."));
         }
     };
     let done = client::complete(
@@ -296,9 +258,13 @@ async fn store(
         Err(e) if e.lost_claim() => {
             log::warn!(
                 "pg-idempotency: {} key={:?}: late completion fenced ({e}); not reported as success",
-                shared.scope, shared.key
+                shared.scope,
+                shared.key
             );
-            Err(in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result."))
+            Err(in_progress(
+                1,
+                "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.",
+            ))
         }
         Err(e) => Err(error_response("idem_complete", &e)),
     }
@@ -313,11 +279,7 @@ where
     // COMMIT may or may not have happened) is repeated once with the same token: the extension
     // answers `claimed` again if the first one did commit.
     let token = uuid::Uuid::new_v4();
-    let mut tries = if r.features.claim_wait_and_token {
-        2
-    } else {
-        1
-    };
+    let mut tries = if r.features.claim_wait_and_token { 2 } else { 1 };
     let claim = loop {
         tries -= 1;
         let attempt = match r.cfg.pool.get().await {
@@ -336,12 +298,7 @@ where
         return answer_without_work(&claim);
     }
     let shared = r.shared(&claim, None);
-    let handler = tokio::spawn(run_handler(
-        inner,
-        parts,
-        r.body.clone(),
-        Idem(shared.clone()),
-    ));
+    let handler = tokio::spawn(run_handler(inner, parts, r.body.clone(), Idem(shared.clone())));
     let abort = handler.abort_handle();
     let response = tokio::select! {
         done = handler => done.unwrap_or_else(|e| {
@@ -355,12 +312,7 @@ where
             return in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.");
         }
     };
-    let tx = shared
-        .conn
-        .lock()
-        .await
-        .take()
-        .map(|c| InTransaction(Some(c)));
+    let tx = shared.conn.lock().await.take().map(|c| InTransaction(Some(c)));
     match r.disposition(&response) {
         Disposition::Store => {
             let answer = match &tx {
@@ -389,21 +341,15 @@ where
                 let _ = tx.end(false).await;
             }
             match r.cfg.pool.get().await {
-                Ok(conn) => {
-                    match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
-                        Ok(true) => log::info!(
-                            "pg-idempotency: {} key={:?}: released",
-                            shared.scope,
-                            shared.key
-                        ),
-                        Ok(false) => log::warn!(
-                            "pg-idempotency: {} key={:?}: release found the claim gone",
-                            shared.scope,
-                            shared.key
-                        ),
-                        Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
-                    }
-                }
+                Ok(conn) => match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
+                    Ok(true) => log::info!("pg-idempotency: {} key={:?}: released", shared.scope, shared.key),
+                    Ok(false) => log::warn!(
+                        "pg-idempotency: {} key={:?}: release found the claim gone",
+                        shared.scope,
+                        shared.key
+                    ),
+                    Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
+                },
                 Err(e) => log::error!("pg-idempotency: idem_release: {e}"),
             }
             response
@@ -479,17 +425,12 @@ mod tests {
 
     #[test]
     fn outcomes_without_work_map_to_their_answers() {
-        let busy = Claim {
-            lease_left: Some(Duration::from_millis(1200)),
-            ..claim(Outcome::InProgress)
-        };
+        let busy = Claim { lease_left: Some(Duration::from_millis(1200)), ..claim(Outcome::InProgress) };
         let r = answer_without_work(&busy);
         assert_eq!(r.status(), 409);
         assert_eq!(r.headers()["retry-after"], "2", "rounded up");
-        let r = answer_without_work(&Claim {
-            lease_left: Some(Duration::ZERO),
-            ..claim(Outcome::InProgress)
-        });
+        let r =
+            answer_without_work(&Claim { lease_left: Some(Duration::ZERO), ..claim(Outcome::InProgress) });
         assert_eq!(r.headers()["retry-after"], "1", "at least 1");
         assert_eq!(answer_without_work(&claim(Outcome::Mismatch)).status(), 422);
         let gone = answer_without_work(&claim(Outcome::Expired));

@@ -19,18 +19,14 @@ fn pool() -> Pool {
     let manager = Manager::from_config(
         pg,
         tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     Pool::builder(manager).max_size(4).build().unwrap()
 }
 
 async fn serve(app: Router) -> u16 {
     let port = next_port();
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     port
 }
@@ -45,11 +41,7 @@ async fn ignored_fields_allow_listed_headers_and_text_bodies() {
             let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
             (
                 StatusCode::OK,
-                [
-                    ("x-custom", "v1"),
-                    ("set-cookie", "a=b"),
-                    ("content-type", "text/plain; charset=utf-8"),
-                ],
+                [("x-custom", "v1"), ("set-cookie", "a=b"), ("content-type", "text/plain; charset=utf-8")],
                 format!("run {n}\n"),
             )
                 .into_response()
@@ -61,52 +53,15 @@ async fn ignored_fields_allow_listed_headers_and_text_bodies() {
     let port = serve(Router::new().route("/things", routing::post(handler).layer(layer))).await;
     let tenant = unique("acct_layer");
     let key = unique("k");
-    let first = post(
-        port,
-        "/things",
-        &tenant,
-        Some(&key),
-        r#"{"a": 1, "request_id": "r1"}"#,
-        &[],
-    )
-    .await;
-    assert_eq!(
-        (first.status, first.body.as_slice()),
-        (200, &b"run 1\n"[..]),
-        "{first:?}"
-    );
-    let again = post(
-        port,
-        "/things",
-        &tenant,
-        Some(&key),
-        r#"{"request_id": "r2", "a": 1}"#,
-        &[],
-    )
-    .await;
-    assert!(
-        again.replayed(),
-        "an ignored field differs: still a replay: {again:?}"
-    );
-    assert_eq!(
-        again.body, first.body,
-        "a text body is replayed as the text"
-    );
+    let first = post(port, "/things", &tenant, Some(&key), r#"{"a": 1, "request_id": "r1"}"#, &[]).await;
+    assert_eq!((first.status, first.body.as_slice()), (200, &b"run 1\n"[..]), "{first:?}");
+    let again = post(port, "/things", &tenant, Some(&key), r#"{"request_id": "r2", "a": 1}"#, &[]).await;
+    assert!(again.replayed(), "an ignored field differs: still a replay: {again:?}");
+    assert_eq!(again.body, first.body, "a text body is replayed as the text");
     assert_eq!(again.header("x-custom"), Some("v1"));
-    assert_eq!(
-        again.header("content-type"),
-        Some("text/plain; charset=utf-8")
-    );
+    assert_eq!(again.header("content-type"), Some("text/plain; charset=utf-8"));
     assert_eq!(again.header("set-cookie"), None, "not allow-listed");
-    let other = post(
-        port,
-        "/things",
-        &tenant,
-        Some(&key),
-        r#"{"a": 2, "request_id": "r1"}"#,
-        &[],
-    )
-    .await;
+    let other = post(port, "/things", &tenant, Some(&key), r#"{"a": 2, "request_id": "r1"}"#, &[]).await;
     assert!(other.is_problem(422), "{other:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -119,11 +74,7 @@ async fn server_errors_are_stored_when_configured() {
         let counter = counter.clone();
         async move {
             counter.fetch_add(1, Ordering::SeqCst);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [("content-type", "application/json")],
-                r#"{"down": true}"#,
-            )
+            (StatusCode::SERVICE_UNAVAILABLE, [("content-type", "application/json")], r#"{"down": true}"#)
                 .into_response()
         }
     };
@@ -138,11 +89,7 @@ async fn server_errors_are_stored_when_configured() {
     assert_eq!((first.status, again.status), (503, 503));
     assert!(!first.replayed() && again.replayed());
     assert_eq!(again.body, first.body);
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the stored 503 is replayed, the handler ran once"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the stored 503 is replayed, the handler ran once");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -163,39 +110,22 @@ async fn a_late_completion_after_a_takeover_is_fenced_and_not_a_success() {
             idem.stop_renewal();
             tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
         }
-        let who = if headers.contains_key("x-stall") {
-            "stalled"
-        } else {
-            "takeover"
-        };
-        (
-            StatusCode::CREATED,
-            [("content-type", "application/json")],
-            format!("{{\"by\": \"{who}\"}}"),
-        )
+        let who = if headers.contains_key("x-stall") { "stalled" } else { "takeover" };
+        (StatusCode::CREATED, [("content-type", "application/json")], format!("{{\"by\": \"{who}\"}}"))
             .into_response()
     }
-    let layer =
-        IdempotencyLayer::new(pool()).committed_first(std::time::Duration::from_millis(300));
+    let layer = IdempotencyLayer::new(pool()).committed_first(std::time::Duration::from_millis(300));
     let port = serve(Router::new().route("/fenced", routing::post(handler).layer(layer))).await;
     let tenant = unique("acct_fence");
     let key = unique("k");
     let (t, k) = (tenant.clone(), key.clone());
-    let stalled = tokio::spawn(async move {
-        post(port, "/fenced", &t, Some(&k), "{}", &[("x-stall", "1")]).await
-    });
+    let stalled =
+        tokio::spawn(async move { post(port, "/fenced", &t, Some(&k), "{}", &[("x-stall", "1")]).await });
     tokio::time::sleep(std::time::Duration::from_millis(600)).await; // its lease of 300 ms ended
     let takeover = post(port, "/fenced", &tenant, Some(&key), "{}", &[]).await;
-    assert_eq!(
-        (takeover.status, takeover.json()["by"].as_str()),
-        (201, Some("takeover")),
-        "{takeover:?}"
-    );
+    assert_eq!((takeover.status, takeover.json()["by"].as_str()), (201, Some("takeover")), "{takeover:?}");
     let late = stalled.await.unwrap();
-    assert!(
-        late.is_problem(409),
-        "the late completion is not reported as success: {late:?}"
-    );
+    assert!(late.is_problem(409), "the late completion is not reported as success: {late:?}");
     let again = post(port, "/fenced", &tenant, Some(&key), "{}", &[]).await;
     assert!(again.replayed() && again.body == takeover.body, "{again:?}");
 }

@@ -60,25 +60,14 @@ COMMIT";
 
 impl App {
     pub fn new(pool: Pool, gateway: Gateway, lease: Duration, allow_fault_injection: bool) -> App {
-        App(Arc::new(Inner {
-            pool,
-            gateway,
-            lease,
-            allow_fault_injection,
-        }))
+        App(Arc::new(Inner { pool, gateway, lease, allow_fault_injection }))
     }
 
     pub fn router(&self) -> Router {
         let idem = IdempotencyLayer::new(self.0.pool.clone()).scope(scope);
         Router::new()
-            .route(
-                "/charges",
-                post(post_charges).layer(idem.clone().same_transaction()),
-            )
-            .route(
-                "/charges/external",
-                post(post_charges_external).layer(idem.committed_first(self.0.lease)),
-            )
+            .route("/charges", post(post_charges).layer(idem.clone().same_transaction()))
+            .route("/charges/external", post(post_charges_external).layer(idem.committed_first(self.0.lease)))
             .route("/charges/{id}", get(get_charge))
             .route("/healthz", get(|| async { "ok\n" }))
             .with_state(self.clone())
@@ -87,25 +76,18 @@ impl App {
     /// The extension must be there (CREATE EXTENSION needs a superuser: not the service's
     /// job); the service's own table is created when missing.
     pub async fn prepare_schema(&self) -> Result<(), String> {
-        let conn = self
-            .0
-            .pool
-            .get()
-            .await
-            .map_err(|e| format!("database: {e}"))?;
+        let conn = self.0.pool.get().await.map_err(|e| format!("database: {e}"))?;
         let found = conn
-            .query_typed_opt(
-                "SELECT 1 FROM pg_extension WHERE extname = 'idempotency'",
-                &[],
-            )
+            .query_typed_opt("SELECT 1 FROM pg_extension WHERE extname = 'idempotency'", &[])
             .await
             .map_err(|e| format!("database: {e}"))?;
         if found.is_none() {
-            return Err("the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)".into());
+            return Err(
+                "the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)"
+                    .into(),
+            );
         }
-        conn.batch_execute(SCHEMA)
-            .await
-            .map_err(|e| format!("creating table charges: {e}"))
+        conn.batch_execute(SCHEMA).await.map_err(|e| format!("creating table charges: {e}"))
     }
 
     fn fault_ms(&self, headers: &HeaderMap, name: &str) -> Option<u64> {
@@ -122,19 +104,13 @@ impl App {
 fn tenant_of(headers: &HeaderMap) -> Result<String, Response> {
     let unauthorized = |detail: &str| {
         let mut r = problem(401, "unauthorized", "Unauthorized", detail);
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("ApiKey realm=\"charges\""),
-        );
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey realm=\"charges\""));
         r
     };
-    let value = headers
-        .get("x-api-key")
-        .ok_or_else(|| unauthorized("The request has no X-Api-Key header."))?;
-    let tenant = value
-        .to_str()
-        .map_err(|_| unauthorized("The X-Api-Key header is not valid."))?
-        .trim();
+    let value =
+        headers.get("x-api-key").ok_or_else(|| unauthorized("The request has no X-Api-Key header."))?;
+    let tenant = value.to_str().map_err(|_| unauthorized("The X-Api-Key header is not valid."))?.trim();
     // In this example the API key is the tenant (account) id; a real service looks it up.
     if tenant.is_empty() || tenant.len() > 200 || !tenant.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(unauthorized("The X-Api-Key header is not valid."));
@@ -144,11 +120,7 @@ fn tenant_of(headers: &HeaderMap) -> Result<String, Response> {
 
 /// Scope = tenant + method + route template, e.g. `acct_1:POST /charges`.
 fn scope(parts: &Parts) -> Result<String, Response> {
-    Ok(format!(
-        "{}:{}",
-        tenant_of(&parts.headers)?,
-        route_of(parts)
-    ))
+    Ok(format!("{}:{}", tenant_of(&parts.headers)?, route_of(parts)))
 }
 
 struct Charge {
@@ -160,17 +132,14 @@ struct Charge {
 /// A refused body: nothing was done, so the key is given back.
 fn parse_charge(headers: &HeaderMap, body: &Bytes) -> Result<Charge, Response> {
     let tenant = tenant_of(headers)?;
-    let invalid = |detail: &str| {
-        Disposition::Release.mark(problem(400, "invalid-request", "Invalid request", detail))
-    };
-    let payload: Value = serde_json::from_slice(body)
-        .map_err(|e| invalid(&format!("The body is not JSON: {e}.")))?;
+    let invalid =
+        |detail: &str| Disposition::Release.mark(problem(400, "invalid-request", "Invalid request", detail));
+    let payload: Value =
+        serde_json::from_slice(body).map_err(|e| invalid(&format!("The body is not JSON: {e}.")))?;
     let amount = match &payload["amount"] {
-        Value::Number(n) => n.as_i64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-                .map(|f| f as i64)
-        }),
+        Value::Number(n) => {
+            n.as_i64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64))
+        }
         _ => None,
     }
     .filter(|a| *a > 0)
@@ -180,11 +149,7 @@ fn parse_charge(headers: &HeaderMap, body: &Bytes) -> Result<Charge, Response> {
         .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_alphabetic()))
         .map(str::to_ascii_lowercase)
         .ok_or_else(|| invalid("\"currency\" must be a three-letter ISO 4217 code."))?;
-    Ok(Charge {
-        tenant,
-        amount,
-        currency,
-    })
+    Ok(Charge { tenant, amount, currency })
 }
 
 /// The faults before the side effect (tests only): a delay, or a failure.
@@ -193,22 +158,13 @@ async fn faults_before_side_effect(app: &App, headers: &HeaderMap) -> Result<(),
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     if app.fault_ms(headers, "x-fault-fail-before") == Some(1) {
-        return Err(problem(
-            500,
-            "injected-fault",
-            "Injected fault",
-            "Failed before the side effect.",
-        ));
+        return Err(problem(500, "injected-fault", "Injected fault", "Failed before the side effect."));
     }
     Ok(())
 }
 
 /// The charge row, written in the transaction the layer commits with the stored 201.
-async fn record_charge(
-    idem: &Idem,
-    c: &Charge,
-    gateway_charge_id: Option<&str>,
-) -> Result<Response, Error> {
+async fn record_charge(idem: &Idem, c: &Charge, gateway_charge_id: Option<&str>) -> Result<Response, Error> {
     let db = idem.db().await?;
     let row = db
         .query_typed_one(
@@ -224,10 +180,7 @@ async fn record_charge(
     let (id, body): (String, String) = (row.get(0), row.get(1));
     Ok((
         StatusCode::CREATED,
-        [
-            (header::LOCATION, format!("/charges/{id}")),
-            (header::CONTENT_TYPE, "application/json".to_owned()),
-        ],
+        [(header::LOCATION, format!("/charges/{id}")), (header::CONTENT_TYPE, "application/json".to_owned())],
         body,
     )
         .into_response())
@@ -236,12 +189,7 @@ async fn record_charge(
 // ---------------------------------------------------------------------------------------
 // POST /charges: the claim, the charge row and the stored response in one transaction.
 
-async fn post_charges(
-    State(app): State<App>,
-    idem: Idem,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn post_charges(State(app): State<App>, idem: Idem, headers: HeaderMap, body: Bytes) -> Response {
     let charge = match parse_charge(&headers, &body) {
         Ok(c) => c,
         Err(answer) => return answer,
@@ -249,9 +197,7 @@ async fn post_charges(
     if let Err(answer) = faults_before_side_effect(&app, &headers).await {
         return answer;
     }
-    record_charge(&idem, &charge, None)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    record_charge(&idem, &charge, None).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -279,12 +225,7 @@ async fn post_charges_external(
     }
 }
 
-async fn external(
-    app: &App,
-    idem: &Idem,
-    headers: &HeaderMap,
-    c: &Charge,
-) -> Result<Response, Error> {
+async fn external(app: &App, idem: &Idem, headers: &HeaderMap, c: &Charge) -> Result<Response, Error> {
     let mut point = idem.recovery_point().unwrap_or_default();
     let mut data = idem.recovery_data().unwrap_or(Value::Null);
     if point.is_empty() {
@@ -294,8 +235,7 @@ async fn external(
         // Choose the gateway's idempotency key and record it *before* calling, so that a
         // takeover repeats the call with the same key instead of charging again.
         data = json!({"gateway_key": format!("gk_{}", idem.token()), "amount": c.amount, "currency": c.currency});
-        idem.checkpoint("gateway_call_started", Some(data.clone()))
-            .await?;
+        idem.checkpoint("gateway_call_started", Some(data.clone())).await?;
         point = "gateway_call_started".into();
     }
     if point == "gateway_call_started" {
@@ -308,8 +248,7 @@ async fn external(
                     return Ok(gateway_unknown(app, "gateway answer without id"));
                 };
                 data["gateway_charge_id"] = json!(id);
-                idem.checkpoint("gateway_charged", Some(data.clone()))
-                    .await?;
+                idem.checkpoint("gateway_charged", Some(data.clone())).await?;
                 point = "gateway_charged".into();
             }
             // A decline is a final answer: stored (below 500), replayed like a success.
@@ -321,12 +260,7 @@ async fn external(
                     "The gateway declined the charge.",
                 ))
             }
-            Ok(a) => {
-                return Ok(gateway_unknown(
-                    app,
-                    &format!("the gateway answered {}", a.status),
-                ))
-            }
+            Ok(a) => return Ok(gateway_unknown(app, &format!("the gateway answered {}", a.status))),
             Err(GatewayError::NotReached(e)) if idem.outcome() == Outcome::Claimed => {
                 // The operation's first attempt, and nothing reached the gateway: give the key
                 // back, the client's retry runs as new.
@@ -337,8 +271,7 @@ async fn external(
                     "Payment gateway unavailable",
                     "Nothing was charged. Retry later.",
                 );
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(1));
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
                 return Ok(Disposition::Release.mark(r));
             }
             // An earlier attempt may have reached the gateway, or this one may have: keep the
@@ -351,15 +284,12 @@ async fn external(
     }
     if point != "gateway_charged" {
         log::error!("charges-api: unknown recovery_point {point:?}");
-        return Ok(problem(
-            500,
-            "internal",
-            "Internal error",
-            "Unknown recovery point.",
-        ));
+        return Ok(problem(500, "internal", "Internal error", "Unknown recovery point."));
     }
     if let Some(ms) = app.fault_ms(headers, "x-fault-pause-after-gateway-ms") {
-        log::warn!("charges-api: fault injection: stalling {ms} ms after the gateway answered, lease not renewed");
+        log::warn!(
+            "charges-api: fault injection: stalling {ms} ms after the gateway answered, lease not renewed"
+        );
         idem.stop_renewal();
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -377,19 +307,14 @@ fn gateway_unknown(app: &App, why: &str) -> Response {
         "The charge may or may not have been made. Retry with the same Idempotency-Key: it will not be charged twice.",
     );
     let secs = app.0.lease.as_millis().div_ceil(1000).max(1) as u64;
-    r.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     Disposition::Keep.mark(r)
 }
 
 // ---------------------------------------------------------------------------------------
 // GET /charges/{id}
 
-async fn get_charge(
-    State(app): State<App>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
+async fn get_charge(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let tenant = match tenant_of(&headers) {
         Ok(t) => t,
         Err(answer) => return answer,
@@ -397,16 +322,13 @@ async fn get_charge(
     let found = async {
         let conn = app.0.pool.get().await?;
         Ok::<_, Error>(
-            conn.query_typed_opt(CHARGE_AS_JSON, &[(&id, Type::TEXT), (&tenant, Type::TEXT)])
-                .await?,
+            conn.query_typed_opt(CHARGE_AS_JSON, &[(&id, Type::TEXT), (&tenant, Type::TEXT)]).await?,
         )
     };
     match found.await {
-        Ok(Some(row)) => (
-            [(header::CONTENT_TYPE, "application/json")],
-            row.get::<_, String>(0),
-        )
-            .into_response(),
+        Ok(Some(row)) => {
+            ([(header::CONTENT_TYPE, "application/json")], row.get::<_, String>(0)).into_response()
+        }
         Ok(None) => problem(404, "not-found", "Not found", "No such charge."),
         Err(e) => e.into_response(),
     }

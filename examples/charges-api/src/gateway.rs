@@ -45,24 +45,16 @@ pub enum GatewayError {
 
 impl Gateway {
     pub fn new(url: &str, timeout: Duration) -> Result<Gateway, String> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("gateway URL {url:?}: {e}"))?;
+        let uri: Uri = url.parse().map_err(|e| format!("gateway URL {url:?}: {e}"))?;
         if uri.scheme_str() != Some("http") {
             return Err(format!("gateway URL {url:?}: only http:// is supported"));
         }
-        let auth = uri
-            .authority()
-            .ok_or_else(|| format!("gateway URL {url:?} has no host"))?;
+        let auth = uri.authority().ok_or_else(|| format!("gateway URL {url:?} has no host"))?;
         let authority = match auth.port_u16() {
             Some(_) => auth.to_string(),
             None => format!("{}:80", auth.host()),
         };
-        Ok(Gateway {
-            authority,
-            base_path: uri.path().trim_end_matches('/').to_string(),
-            timeout,
-        })
+        Ok(Gateway { authority, base_path: uri.path().trim_end_matches('/').to_string(), timeout })
     }
 
     /// `POST {base}/v1/charges` with the gateway idempotency key.
@@ -89,19 +81,10 @@ impl Gateway {
             .map_err(|e| GatewayError::NotReached(format!("request: {e}")))?;
         // From here on the gateway may have acted on the request.
         let exchange = async {
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| e.to_string())?;
+            let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
             let status = response.status().as_u16();
-            let bytes = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            let body =
-                serde_json::from_slice(&bytes).map_err(|e| format!("answer is not JSON: {e}"))?;
+            let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+            let body = serde_json::from_slice(&bytes).map_err(|e| format!("answer is not JSON: {e}"))?;
             Ok::<_, String>(GatewayAnswer { status, body })
         };
         match tokio::time::timeout(self.timeout, exchange).await {
@@ -145,16 +128,11 @@ fn json_response(status: u16, body: &Value) -> Response {
 }
 
 async fn stub_charge(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) -> Response {
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
         return json_response(400, &json!({"error": "Idempotency-Key required"}));
     };
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (Some(amount), Some(currency)) = (request["amount"].as_i64(), request["currency"].as_str())
-    else {
+    let (Some(amount), Some(currency)) = (request["amount"].as_i64(), request["currency"].as_str()) else {
         return json_response(400, &json!({"error": "amount and currency required"}));
     };
     let (status, response) = {
@@ -206,11 +184,7 @@ async fn stub_config(State(stub): State<Arc<Stub>>, body: Bytes) -> Response {
             stub.delay_ms.store(ms, Ordering::SeqCst);
             json_response(200, &json!({"delay_ms": ms}))
         }
-        None => (
-            StatusCode::BAD_REQUEST,
-            "{\"error\": \"delay_ms required\"}",
-        )
-            .into_response(),
+        None => (StatusCode::BAD_REQUEST, "{\"error\": \"delay_ms required\"}").into_response(),
     }
 }
 

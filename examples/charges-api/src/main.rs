@@ -31,18 +31,11 @@ use clap::{Parser, Subcommand};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
 #[derive(Parser)]
-#[command(
-    name = "charges-api",
-    about = "Example service: idempotent POST /charges"
-)]
+#[command(name = "charges-api", about = "Example service: idempotent POST /charges")]
 struct Options {
     #[command(subcommand)]
     command: Option<Command>,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgresql://postgres@127.0.0.1:5432/postgres"
-    )]
+    #[arg(long, env = "DATABASE_URL", default_value = "postgresql://postgres@127.0.0.1:5432/postgres")]
     database_url: String,
     #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     listen: String,
@@ -86,40 +79,27 @@ async fn main() {
         }
         return;
     }
-    let db_config: tokio_postgres::Config = o
-        .database_url
-        .parse()
-        .unwrap_or_else(|e| die(&format!("--database-url: {e}")));
+    let db_config: tokio_postgres::Config =
+        o.database_url.parse().unwrap_or_else(|e| die(&format!("--database-url: {e}")));
     let manager = Manager::from_config(
         db_config,
         tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     let pool = Pool::builder(manager)
         .max_size(o.pool_size as usize)
         .build()
         .unwrap_or_else(|e| die(&format!("pool: {e}")));
-    let gateway =
-        gateway::Gateway::new(&o.gateway_url, Duration::from_millis(o.gateway_timeout_ms))
-            .unwrap_or_else(|e| die(&e));
-    let app = api::App::new(
-        pool,
-        gateway,
-        Duration::from_millis(o.lease_ms),
-        o.allow_fault_injection,
-    );
+    let gateway = gateway::Gateway::new(&o.gateway_url, Duration::from_millis(o.gateway_timeout_ms))
+        .unwrap_or_else(|e| die(&e));
+    let app = api::App::new(pool, gateway, Duration::from_millis(o.lease_ms), o.allow_fault_injection);
     if let Err(e) = app.prepare_schema().await {
         die(&e);
     }
     let listener = tokio::net::TcpListener::bind(&o.listen)
         .await
         .unwrap_or_else(|e| die(&format!("cannot listen on {}: {e}", o.listen)));
-    log::info!(
-        "charges-api listening on {}",
-        listener.local_addr().unwrap()
-    );
+    log::info!("charges-api listening on {}", listener.local_addr().unwrap());
     if let Err(e) = axum::serve(listener, app.router()).await {
         die(&e.to_string());
     }

@@ -13,9 +13,8 @@ use tokio::net::TcpStream;
 use tokio_postgres::types::Type;
 
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").expect(
-        "DATABASE_URL: a database with the idempotency extension (clients/rust/test.sh starts one)",
-    )
+    std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL: a database with the idempotency extension (clients/rust/test.sh starts one)")
 }
 
 pub async fn db() -> tokio_postgres::Client {
@@ -31,11 +30,7 @@ pub fn skip(why: &str) {
     eprintln!("SKIP: {why}");
     if let Ok(path) = std::env::var("SKIP_FILE") {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
         writeln!(f, "{why}").unwrap();
     }
 }
@@ -44,22 +39,14 @@ static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
 /// Ports from TEST_PORT_BASE (default 56520), one per server.
 pub fn next_port() -> u16 {
-    let base: u16 = std::env::var("TEST_PORT_BASE")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(56520);
+    let base: u16 = std::env::var("TEST_PORT_BASE").ok().and_then(|p| p.parse().ok()).unwrap_or(56520);
     base + NEXT_PORT.fetch_add(1, Ordering::SeqCst)
 }
 
 fn demo_bin() -> PathBuf {
     // target/<profile>/deps/<test binary> -> target/<profile>/examples/demo
     let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("demo")
+    exe.parent().unwrap().parent().unwrap().join("examples").join("demo")
 }
 
 /// The demo app, killed when dropped.
@@ -75,27 +62,13 @@ impl Server {
 
     pub async fn start_on(port: u16, lease_ms: u64) -> Server {
         let child = Command::new(demo_bin())
-            .args([
-                "--database-url",
-                &database_url(),
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args([
-                "--lease-ms",
-                &lease_ms.to_string(),
-                "--allow-fault-injection",
-                "--pool-size",
-                "24",
-            ])
+            .args(["--database-url", &database_url(), "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--lease-ms", &lease_ms.to_string(), "--allow-fault-injection", "--pool-size", "24"])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
-                panic!(
-                    "starting {}: {e} (cargo test builds the example)",
-                    demo_bin().display()
-                )
+                panic!("starting {}: {e} (cargo test builds the example)", demo_bin().display())
             });
         let mut server = Server { port, child };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -108,10 +81,7 @@ impl Server {
                     return server;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "the demo app did not come up on port {port}"
-            );
+            assert!(Instant::now() < deadline, "the demo app did not come up on port {port}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -137,10 +107,7 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
@@ -172,10 +139,7 @@ pub async fn request(
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
-    head.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    ));
+    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).await?;
     s.write_all(body).await?;
     let mut raw = Vec::new();
@@ -193,17 +157,10 @@ fn parse(raw: &[u8]) -> Option<Resp> {
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .collect();
     let mut body = raw[end + 4..].to_vec();
-    if let Some(len) = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-    {
+    if let Some(len) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")) {
         body.truncate(len.1.parse().ok()?);
     }
-    Some(Resp {
-        status,
-        headers,
-        body,
-    })
+    Some(Resp { status, headers, body })
 }
 
 /// POST a JSON body with a tenant and (quoted) key plus extra header lines.
@@ -221,9 +178,7 @@ pub async fn post(
         headers.push(("Idempotency-Key", q.as_str()));
     }
     headers.extend_from_slice(extra);
-    request(port, "POST", path, &headers, body.as_bytes())
-        .await
-        .expect("an HTTP answer")
+    request(port, "POST", path, &headers, body.as_bytes()).await.expect("an HTTP answer")
 }
 
 pub fn unique(prefix: &str) -> String {
@@ -232,17 +187,11 @@ pub fn unique(prefix: &str) -> String {
 
 pub async fn charges(db: &tokio_postgres::Client, tenant: &str) -> i64 {
     let sql = "SELECT count(*) FROM charges WHERE tenant = $1";
-    db.query_typed_one(sql, &[(&tenant, Type::TEXT)])
-        .await
-        .unwrap()
-        .get(0)
+    db.query_typed_one(sql, &[(&tenant, Type::TEXT)]).await.unwrap().get(0)
 }
 
 pub async fn records(db: &tokio_postgres::Client, tenant: &str) -> i64 {
     let pattern = format!("{tenant}:%");
     let sql = "SELECT count(*) FROM idempotency.keys WHERE scope LIKE $1";
-    db.query_typed_one(sql, &[(&pattern, Type::TEXT)])
-        .await
-        .unwrap()
-        .get(0)
+    db.query_typed_one(sql, &[(&pattern, Type::TEXT)]).await.unwrap().get(0)
 }

@@ -1,6 +1,6 @@
 //! Every error the extension raises on purpose, with its SQLSTATE, in one place.
 //!
-//! The README's error table is written from this file. Errors that PostgreSQL itself
+//! The error table of docs/reference.md is written from this file. Errors that PostgreSQL itself
 //! raises while we run a statement (40001, 55P03, 57014, 25006 ...) pass through unchanged.
 
 use std::ffi::{c_char, c_int, CString};

@@ -1,5 +1,5 @@
 //! `idempotency`: idempotency keys, leases and message de-duplication inside the caller's
-//! own PostgreSQL transaction. The SQL contract is in the README.
+//! own PostgreSQL transaction. The SQL contract is in docs/reference.md.
 //!
 //! Layers, each using only the ones below it:
 //! - `api`: what SQL sees, one module per group of functions;

@@ -1,4 +1,4 @@
-//! SQLSTATEs of the extension (README, "Error codes") mapped to one error enum.
+//! SQLSTATEs of the extension (docs/reference.md, "Error codes", in the repository) mapped to one error enum.
 
 use std::fmt;
 

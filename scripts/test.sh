@@ -59,7 +59,8 @@ register() {
 
 register_suites() {
     register lint            once full -       OPTIONAL:scripts/lint.sh
-    register links           once full -       OPTIONAL:scripts/check-links.py
+    register links           once fast -       OPTIONAL:scripts/check-links.py
+    register links-self-test once fast -       /usr/bin/python3 scripts/check-links.py --self-test
     register unit            each fast -       pgrx_tests
     register regress         each fast cluster installcheck regress
     register isolation       each fast cluster installcheck isolation
@@ -79,6 +80,8 @@ register_suites() {
     register python-client   15   full ext     clients/python/test.sh
     register node-client     15   full ext     clients/node/test.sh
     register rust-client     15   full ext     clients/rust/test.sh
+    register e2e-apps        15   full ext     e2e_apps
+    register claim-retry     each full cluster claim_retry
     register migrate         after full ext    tests/migrate/run.sh
     register portable        after full ext    tests/portable/run.sh
 }
@@ -119,6 +122,15 @@ stress() {
     status=$?
     cluster_stop "$dir"
     return $status
+}
+
+# The black-box HTTP suite against every client package's demo app (after the packages' own
+# suites, which set up their runtimes).
+e2e_apps() { E2E_APPS_PORT=$(port_of e2e-apps) tests/e2e/run_demo_apps.sh; }
+
+# A claim whose COMMIT's reply is lost, repeated with its caller-chosen token.
+claim_retry() {
+    /usr/bin/python3 tests/claim_retry/run.py --host 127.0.0.1 --port "$PGPORT" --proxy-port "$(port_of claim-retry)"
 }
 
 # The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).

@@ -156,6 +156,10 @@ python        55466  56466  2      client package suite: Python
 node          55468  56468  2      client package suite: Node
 rust          55470  56470  2      client package suite: Rust
 citus         55475  56475  3      tests/citus/run.sh (coordinator, two workers)
+rust-apps     55480  56480  8      clients/rust demo servers (TEST_PORT_BASE)
+e2e-apps      55490  56490  4      tests/e2e/run_demo_apps.sh (the black-box suite per demo app)
+claim-retry   55495  56495  1      tests/claim_retry/run.py (the proxy that loses a COMMIT's reply)
+node-demos    56420  57420  25     clients/node demo servers (DEMO_PORT_BASE)
 "
 
 port_of() { # port_of NAME [MAJOR]

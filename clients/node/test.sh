@@ -13,7 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 pg_port=${NODE_SUITE_PORT:-$(port_of node)}
 bouncer_port=$((pg_port + 1))
 dir=${NODE_SUITE_DIR:-$(dir_of node)}
-export DEMO_PORT_BASE=${DEMO_PORT_BASE:-56420}
+export DEMO_PORT_BASE=${DEMO_PORT_BASE:-$(port_of node-demos)}
 
 if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
     echo "== installing pgbouncer (apt)"

@@ -2,7 +2,7 @@
 # The extension on Citus: a coordinator and two workers on 127.0.0.1, started here, the
 # extension created on each, idempotency.distribute() called on the coordinator, then the
 # checks of tests/citus/check.py through the coordinator. Skipped, with a message, where
-# Citus is not installed (Citus is not a Debian package: see the README, "Scaling out
+# Citus is not installed (Citus is not a Debian package: see docs/operations.md, "Scaling out
 # with Citus", for building it). The last line is "citus: N passed, M failed".
 #   tests/citus/run.sh [DIR] [PORT]      coordinator on PORT, workers on PORT+1 and PORT+2
 # CITUS_TEST_SETUP_SQL=FILE runs FILE on every node right after CREATE EXTENSION (to try a

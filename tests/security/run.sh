@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Security suite of the idempotency extension, against the installed extension:
 #   privileges   the model (SECURITY INVOKER, EXECUTE for PUBLIC, table grants decide) and
-#                the README's GRANT recipe; a pg_cron schema squatter
+#                the GRANT recipe of docs/security.md; a pg_cron schema squatter
 #   rls          the row-level-security recipe binding a tenant role to its own scopes
 #   search_path  hostile look-alike functions, operators, aggregates, views in a schema
 #                placed first on search_path, and in pg_temp

@@ -67,7 +67,7 @@ check "usage only: schedule_maintenance touches no table; without pg_cron it ans
 check "nothing was written by the refused calls" "0|0" \
     "$(val postgres $DB "SELECT (SELECT count(*) FROM idempotency.keys), (SELECT count(*) FROM idempotency.messages)")"
 
-section "privileges: the README recipe gives the whole API"
+section "privileges: the docs/security.md recipe gives the whole API"
 out=$(sql sec_app $DB <<'SQL'
 \set VERBOSITY terse
 SELECT 'claim=' || outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp');

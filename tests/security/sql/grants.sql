@@ -1,4 +1,4 @@
--- The README's privilege recipe for an application role (psql variable :role).
+-- The privilege recipe of docs/security.md for an application role (psql variable :role).
 -- Functions are SECURITY INVOKER and EXECUTE stays with PUBLIC: what a role may do with
 -- the API is exactly what it may do with these two tables.
 GRANT USAGE ON SCHEMA idempotency TO :"role";

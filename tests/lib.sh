@@ -39,6 +39,8 @@
 #                                     PGHOST/PGPORT/PGUSER or the given args
 #   fresh_database DB [PSQL ARGS]     DROP + CREATE DATABASE DB, then install_extension
 #   extension_installed               is the extension (native edition) installed into PG_MAJOR?
+#   pgbouncer_start DIR PORT PG_PORT [DB LINE...]  Debian's pgbouncer, transaction pooling, in
+#                                     front of 127.0.0.1:PG_PORT; pgbouncer_stop DIR
 #
 # Ports and folders: ONE table, so no two suites (or majors) collide
 #   port_of NAME [MAJOR]              the first port of suite NAME on MAJOR (default PG_MAJOR)
@@ -273,6 +275,55 @@ fresh_database() { # fresh_database DB [PSQL ARGS...]: drop, create, install the
     psql -X -q -v ON_ERROR_STOP=1 -d postgres "$@" \
         -c "DROP DATABASE IF EXISTS \"$db\"" -c "CREATE DATABASE \"$db\"" &&
         install_extension "$db" "$@"
+}
+
+# --- PgBouncer (the client packages' suites) ----------------------------------------------
+
+PGBOUNCER=/usr/sbin/pgbouncer
+
+# pgbouncer_start DIR PORT PG_PORT [DATABASE LINE...]: Debian's pgbouncer in transaction-pooling
+# mode on 127.0.0.1:PORT in front of the server on 127.0.0.1:PG_PORT (every database; extra
+# [databases] lines before the catch-all), user postgres with trust, its files in DIR; returns
+# once it answers.
+pgbouncer_start() {
+    local dir=$1 port=$2 pg_port=$3 line
+    shift 3
+    if [ ! -x "$PGBOUNCER" ]; then
+        echo "pgbouncer_start: $PGBOUNCER is missing (scripts/install-deps.sh installs pgbouncer)" >&2
+        return 1
+    fi
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+    echo '"postgres" ""' | as_postgres tee "$dir/users.txt" >/dev/null
+    {
+        echo "[databases]"
+        for line in "$@"; do echo "$line"; done
+        echo "* = host=127.0.0.1 port=$pg_port"
+        echo "[pgbouncer]"
+        echo "listen_addr = 127.0.0.1"
+        echo "listen_port = $port"
+        echo "unix_socket_dir ="
+        echo "auth_type = trust"
+        echo "auth_file = $dir/users.txt"
+        echo "admin_users = postgres"
+        echo "pool_mode = transaction"
+        echo "default_pool_size = 30"
+        echo "max_client_conn = 300"
+        echo "logfile = $dir/pgbouncer.log"
+        echo "pidfile = $dir/pgbouncer.pid"
+    } | as_postgres tee "$dir/pgbouncer.ini" >/dev/null
+    as_postgres "$PGBOUNCER" -d "$dir/pgbouncer.ini" || return 1
+    for _ in $(seq 100); do
+        psql -X -q -h 127.0.0.1 -p "$port" -U postgres -c 'SELECT 1' postgres >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "pgbouncer_start: no answer on port $port (see $dir/pgbouncer.log)" >&2
+    return 1
+}
+
+pgbouncer_stop() { # pgbouncer_stop DIR
+    [ -f "$1/pgbouncer.pid" ] && kill "$(cat "$1/pgbouncer.pid")" 2>/dev/null
+    return 0
 }
 
 IDEM_EDITION=${IDEM_EDITION:-native}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Node package's suite: installs what it needs (pgbouncer from apt when missing, npm ci from
+# The Node package's suite: installs what it needs (npm ci from
 # package-lock.json), packs the package (npm pack), starts a throwaway PostgreSQL 15 cluster with the
 # extension (tests/lib.sh) and Debian's pgbouncer in transaction-pooling mode in front of it, and
 # runs `node --test` (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
@@ -14,12 +14,6 @@ pg_port=${NODE_SUITE_PORT:-$(port_of node)}
 bouncer_port=$((pg_port + 1))
 dir=${NODE_SUITE_DIR:-$(dir_of node)}
 export DEMO_PORT_BASE=${DEMO_PORT_BASE:-$(port_of node-demos)}
-
-if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-    echo "== installing pgbouncer (apt)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
-fi
-PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
 
 if [ "$IDEM_EDITION" = native ] && ! extension_installed; then
     echo "== the extension is not installed in PostgreSQL $PG_MAJOR: building and installing it (cargo pgrx install)"
@@ -36,7 +30,7 @@ echo "== npm pack"
 pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
 
 cleanup() {
-    if [ -f "$dir/pgbouncer.pid" ]; then kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true; fi
+    pgbouncer_stop "$dir"
     cluster_stop "$dir/pg"
 }
 trap cleanup EXIT
@@ -44,29 +38,7 @@ trap cleanup EXIT
 echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
 cluster_start "$dir/pg" "$pg_port"
 install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
-cat >"$dir/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$pg_port dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $bouncer_port
-unix_socket_dir =
-auth_type = trust
-auth_file = $dir/userlist.txt
-admin_users = postgres
-pool_mode = transaction
-default_pool_size = 30
-max_client_conn = 300
-logfile = $dir/pgbouncer.log
-pidfile = $dir/pgbouncer.pid
-INI
-echo '"postgres" ""' >"$dir/userlist.txt"
-chown postgres: "$dir" "$dir/pgbouncer.ini" "$dir/userlist.txt"
-as_postgres "$PGBOUNCER" -d "$dir/pgbouncer.ini"
-for _ in $(seq 50); do
-    psql -X -q -h 127.0.0.1 -p "$bouncer_port" -U postgres -c 'SELECT 1' postgres >/dev/null 2>&1 && break
-    sleep 0.1
-done
+pgbouncer_start "$dir" "$bouncer_port" "$pg_port"
 
 echo "== node --test"
 status=0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's suite, on a fresh Debian 12 machine as root:
-#   1. apt: pgbouncer (when missing); a venv (clients/python/.venv, or $IDEM_PY_VENV) with the
+#   1. a venv (clients/python/.venv, or $IDEM_PY_VENV) with the
 #      pinned packages of constraints.txt; the package built (python -m build) and its wheel
 #      installed into the venv with the test extras
 #   2. a throwaway PostgreSQL 15 cluster with the extension, and PgBouncer (transaction
@@ -26,13 +26,6 @@ give_up() {
     echo "python-client: 0 passed, 1 failed"
     exit 1
 }
-
-if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-    echo "== apt-get install pgbouncer"
-    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends pgbouncer) \
-        >/dev/null || give_up "could not install pgbouncer"
-fi
-PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
 
 echo "== venv $venv"
 if [ ! -x "$venv/bin/python" ]; then
@@ -64,31 +57,14 @@ if ! extension_installed; then
 fi
 
 cleanup() {
-    [ -f "$dir/bouncer/pgbouncer.pid" ] && kill "$(cat "$dir/bouncer/pgbouncer.pid")" 2>/dev/null
+    pgbouncer_stop "$dir/bouncer"
     cluster_stop "$dir"
 }
 trap cleanup EXIT
 echo "== PostgreSQL $PG_MAJOR on port $port, PgBouncer on $bouncer_port ($dir)"
 cluster_fresh "$dir" "$port" || give_up "the cluster did not start"
-as_postgres mkdir -p "$dir/bouncer"
-as_postgres tee "$dir/bouncer/pgbouncer.ini" >/dev/null <<INI
-[databases]
-prep_check = host=127.0.0.1 port=$port dbname=idem_py
-* = host=127.0.0.1 port=$port
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $bouncer_port
-unix_socket_dir =
-auth_type = trust
-auth_file = $dir/bouncer/users.txt
-pool_mode = transaction
-default_pool_size = 20
-max_client_conn = 300
-logfile = $dir/bouncer/pgbouncer.log
-pidfile = $dir/bouncer/pgbouncer.pid
-INI
-echo '"postgres" ""' | as_postgres tee "$dir/bouncer/users.txt" >/dev/null
-as_postgres "$PGBOUNCER" -d "$dir/bouncer/pgbouncer.ini" || give_up "pgbouncer did not start"
+pgbouncer_start "$dir/bouncer" "$bouncer_port" "$port" "prep_check = host=127.0.0.1 port=$port dbname=idem_py" ||
+    give_up "pgbouncer did not start"
 echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
 
 export IDEM_PY_DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"

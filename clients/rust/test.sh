@@ -24,20 +24,13 @@ SKIP_FILE="$DIR/skips.txt"
 failures=0
 note_failure() { failures=$((failures + 1)); echo "FAIL $1"; }
 
-if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-    apt-get install -y -q pgbouncer >/dev/null 2>&1 ||
-        { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; } ||
-        echo "could not install pgbouncer"
-fi
-PGBOUNCER=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
-
 echo "== cargo package"
 cargo package --locked --quiet --allow-dirty --manifest-path "$MANIFEST" || note_failure "cargo package"
 echo "== cargo test --no-run"
 cargo test --locked --quiet --no-run --manifest-path "$MANIFEST" || note_failure "cargo test --no-run"
 
 cleanup() {
-    [ -f "$DIR/pgbouncer.pid" ] && kill "$(cat "$DIR/pgbouncer.pid")" 2>/dev/null
+    pgbouncer_stop "$DIR"
     cluster_stop "$DIR"
 }
 trap cleanup EXIT
@@ -72,25 +65,7 @@ export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
 run_tests direct -- --test-threads 4
 
 echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
-as_postgres tee "$DIR/userlist.txt" >/dev/null <<<'"postgres" ""'
-as_postgres tee "$DIR/pgbouncer.ini" >/dev/null <<EOF
-[databases]
-postgres = host=127.0.0.1 port=$PORT dbname=postgres user=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
-unix_socket_dir =
-auth_type = trust
-auth_file = $DIR/userlist.txt
-pool_mode = transaction
-admin_users = postgres
-max_client_conn = 300
-default_pool_size = 20
-pidfile = $DIR/pgbouncer.pid
-logfile = $DIR/pgbouncer.log
-EOF
-if as_postgres "$PGBOUNCER" -d "$DIR/pgbouncer.ini"; then
-    sleep 0.5
+if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then
     DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" \
         run_tests pgbouncer --test client --test http --test layer -- --test-threads 4
     # Proof that the run went through pgbouncer in transaction mode (its admin console).

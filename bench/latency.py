@@ -84,8 +84,8 @@ def window(prefixes, t_from=None, t_to=None):
 
 
 SCENARIOS = ["claim_complete", "replay", "in_progress", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
-IMPLS = ["ext", "peer", "floor"]
-IMPL_NAMES = {"ext": "extension", "peer": "PL/pgSQL peer", "floor": "raw SQL floor"}
+IMPLS = ["ext", "peer", "floor", "portable"]
+IMPL_NAMES = {"ext": "extension", "peer": "PL/pgSQL peer", "floor": "raw SQL floor", "portable": "portable edition"}
 
 
 def fmt(x, digits=1):
@@ -157,38 +157,39 @@ def summarize(results):
     by = {(r["pg"], r["clients"], r["scenario"], r["impl"]): r for r in rows}
     with open(os.path.join(results, "summary.tsv"), "w") as f:
         cols = list(rows[0].keys()) if rows else []
-        f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor"]) + "\n")
+        f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor", "ext_over_portable"]) + "\n")
         for r in rows:
             ext = by.get((r["pg"], r["clients"], r["scenario"], "ext"))
             peer = by.get((r["pg"], r["clients"], r["scenario"], "peer"))
             floor = by.get((r["pg"], r["clients"], r["scenario"], "floor"))
             vp = ext["tps"] / peer["tps"] if ext and peer and peer["tps"] else float("nan")
             vf = ext["tps"] / floor["tps"] if ext and floor and floor["tps"] else float("nan")
+            portable = by.get((r["pg"], r["clients"], r["scenario"], "portable"))
+            vq = ext["tps"] / portable["tps"] if ext and portable and portable["tps"] else float("nan")
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
-                    + f"\t{vp:.3f}\t{vf:.3f}\n")
+                    + f"\t{vp:.3f}\t{vf:.3f}\t{vq:.3f}\n")
 
     out = []
     for pg, clients in sorted({(r["pg"], r["clients"]) for r in rows}):
         out.append(f"#### {'PostgreSQL ' + pg + ', ' if pg else ''}{clients} clients\n")
-        out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn | ext/peer tps | ext/floor tps |")
-        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn "
+                   "| ext/peer tps | ext/floor tps | ext/portable tps |")
+        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             if (r["pg"], r["clients"]) != (pg, clients):
                 continue
             ext = by.get((pg, clients, r["scenario"], "ext"))
-            cells = ["", ""]
+            cells = ["", "", ""]
             if r["impl"] == "ext":
-                peer = by.get((pg, clients, r["scenario"], "peer"))
-                floor = by.get((pg, clients, r["scenario"], "floor"))
-                cells = [
-                    f"**{ext['tps'] / peer['tps']:.2f}x**" if peer and peer["tps"] else "—",
-                    f"**{ext['tps'] / floor['tps']:.2f}x**" if floor and floor["tps"] else "—",
-                ]
+                cells = []
+                for other in ("peer", "floor", "portable"):
+                    o = by.get((pg, clients, r["scenario"], other))
+                    cells.append(f"**{ext['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             out.append(
                 f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
                 f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
-                f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | {cells[0]} | {cells[1]} |"
+                f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | {cells[0]} | {cells[1]} | {cells[2]} |"
             )
         out.append("")
     out.extend(across_majors(rows, by))

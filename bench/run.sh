@@ -6,7 +6,7 @@
 #          RETURNING id, then an UPDATE (it does less than the other two)
 #   portable  the portable edition (sql/portable/, plain SQL and PL/pgSQL, docs/portable.md),
 #          installed into a second database (bench_portable, same schema name as the
-#          extension) and run with the ext scripts; its runs go to portable/runs.tsv
+#          extension) and run with the ext scripts
 # in the scenarios of bench/scripts/<scenario>.<impl>.sql, with pgbench -n -M prepared -l.
 # For each client count and scenario the implementations alternate, ext peer floor portable ext
 # peer floor portable ..., for --rounds rounds, so that drift of a busy machine falls on all of them alike.
@@ -31,9 +31,7 @@
 #   --port / --dir   one major only
 #
 # Writes DIR/results (default bench/results/run-<UTC time>): runs.tsv, the pgbench logs and
-# outputs, machine.txt, checks.md (the no-xid / no-lock checks), summary.md / summary.tsv;
-# portable/ holds the portable edition's runs.tsv and summary.tsv (its implementation named
-# "ext" there), and summary.md ends with a native-against-portable table.
+# outputs, machine.txt, checks.md (the no-xid / no-lock checks), summary.md / summary.tsv.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -91,7 +89,6 @@ mkdir -p "$OUT/logs"
 DB=bench
 PORTABLE_DB=bench_portable
 PORTABLE_SQL=$(ls "$ROOT"/sql/portable/idempotency-portable--*.sql | grep -v -- '--.*--' | sort -V | tail -n 1)
-mkdir -p "$OUT/portable"
 
 cleanup() {
     if [ "$KEEP" = 0 ]; then
@@ -132,8 +129,7 @@ impls_of() {
     return 0
 }
 
-printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\tpg\n' |
-    tee "$OUT/portable/runs.tsv" >"$OUT/runs.tsv"
+printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes\tstarted\tpg\n' >"$OUT/runs.tsv"
 for c in $CLIENTS; do
     threads=$(( c < 2 ? c : 2 ))
     for s in $SCENARIOS; do
@@ -146,18 +142,17 @@ for c in $CLIENTS; do
                 q -c "CHECKPOINT"
                 x0=$(xid_next); l0=$(wal_lsn); t0=$(date +%s)
                 if [ "$SMOKE" = 1 ]; then length=(-t 200); else length=(-T "$SECONDS_PER_RUN"); fi
-                # The portable edition: the ext script in its own database, recorded as "ext" in
-                # portable/runs.tsv (log_prefix relative to that folder).
-                db=$DB; script=$i; runs=$OUT/runs.tsv; prefix=logs/$name
-                [ "$i" = portable ] && { db=$PORTABLE_DB; script=ext; runs=$OUT/portable/runs.tsv; prefix=../logs/$name; }
+                # The portable edition: the ext script, in its own database.
+                db=$DB; script=$i
+                [ "$i" = portable ] && { db=$PORTABLE_DB; script=ext; }
                 pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j "$threads" \
                     "${length[@]}" -D nkeys="$NKEYS" -l --log-prefix="$OUT/logs/$name" \
                     -f "$BENCH/scripts/$s.$script.sql" "$db" >"$OUT/logs/$name.out" 2>&1 || {
                     echo "pgbench failed for $name:"; cat "$OUT/logs/$name.out"; exit 1; }
                 x1=$(xid_next); l1=$(wal_lsn)
                 tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
-                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$script" "$r" "$prefix" "$tps" \
-                    "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" "$m" >>"$runs"
+                printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$i" "$r" "logs/$name" "$tps" \
+                    "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" "$m" >>"$OUT/runs.tsv"
                 printf 'pg%s %-16s %-6s c=%-3s round %s: %10s tps\n' "$m" "$s" "$i" "$c" "$r" "$tps"
             done
           done
@@ -167,23 +162,4 @@ done
 
 echo "== summary"
 $PY "$BENCH/latency.py" summarize "$OUT"
-$PY "$BENCH/latency.py" summarize "$OUT/portable" >/dev/null
-# native_vs_portable: the ext rows of summary.tsv and of portable/summary.tsv side by side.
-native_vs_portable() {
-    echo "#### Native against portable (the same ext scripts; the portable edition in its own database)"
-    echo
-    echo "| pg | clients | scenario | native tps | portable tps | native/portable tps | native p99 ms | portable p99 ms |"
-    echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
-    awk -F'\t' 'FNR == 1 { file++; for (i = 1; i <= NF; i++) col[$i] = i; next }
-        $col["impl"] != "ext" { next }
-        { k = $col["pg"] SUBSEP $col["clients"] SUBSEP $col["scenario"] }
-        file == 2 { ptps[k] = $col["tps"]; pp99[k] = $col["p99_ms"]; next }
-        { order[++n] = k; ntps[k] = $col["tps"]; np99[k] = $col["p99_ms"] }
-        END { for (j = 1; j <= n; j++) { k = order[j]; if (!(k in ptps)) continue; split(k, f, SUBSEP)
-                printf "| %s | %s | %s | %.0f | %.0f | **%s** | %.3f | %.3f |\n", f[1], f[2], f[3], ntps[k], ptps[k],
-                    (ptps[k] > 0 ? sprintf("%.2fx", ntps[k] / ptps[k]) : "-"), np99[k], pp99[k] } }' \
-        "$OUT/summary.tsv" "$OUT/portable/summary.tsv"
-    echo
-}
-native_vs_portable | tee -a "$OUT/summary.md"
 echo "results: $OUT"

@@ -176,9 +176,9 @@ declare -A DURATION   # "SUITE|MAJOR" (MAJOR empty for suites not tied to one) -
 #   cargo:       "test result: ok. 42 passed; 0 failed; ..."   (every such line counts)
 #   pg_regress:  "All 9 tests passed."  or  "2 of 9 tests failed."  (pg 15),
 #                "# All 9 tests passed." or "# 2 of 9 tests failed." (pg 18, TAP output)
-#   our own:     "stress: 5 passed, 0 failed"   (the last such line is the suite's total)
+#   our own:     "stress: 5 passed, 0 failed"   (the last such line is the suite's whole total)
 count() { # count LABEL LOG STATUS SECONDS
-    local label=$1 log=$2 status=$3 p=0 f=0 own_p=0 own_f=0 line
+    local label=$1 log=$2 status=$3 p=0 f=0 own=0 own_p=0 own_f=0 line
     while read -r line; do
         if [[ $line =~ test\ result:\ [a-zA-Z]+\.\ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
             p=$((p + BASH_REMATCH[1])); f=$((f + BASH_REMATCH[2]))
@@ -187,10 +187,12 @@ count() { # count LABEL LOG STATUS SECONDS
         elif [[ $line =~ ^(#\ )?([0-9]+)\ of\ ([0-9]+)\ tests\ failed ]]; then
             p=$((p + BASH_REMATCH[3] - BASH_REMATCH[2])); f=$((f + BASH_REMATCH[2]))
         elif [[ $line =~ ^[a-z0-9_-]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-            own_p=${BASH_REMATCH[1]}; own_f=${BASH_REMATCH[2]}
+            own=1; own_p=${BASH_REMATCH[1]}; own_f=${BASH_REMATCH[2]}
         fi
     done < "$log"
-    p=$((p + own_p)); f=$((f + own_f))
+    # A suite's own closing line is its total: cargo or pg_regress lines it printed on the way
+    # are already in it.
+    if [ "$own" = 1 ]; then p=$own_p; f=$own_f; fi
     # A suite that failed without saying how many counts as one failure.
     if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     total_passed=$((total_passed + p))

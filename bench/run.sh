@@ -24,6 +24,10 @@
 #   --rounds R       rounds of alternation (default 2, at least 2 for figures)
 #   --nkeys N        pre-populated records per implementation for replay / in_progress /
 #                    duplicate messages (default 100000)
+#   --scenarios      seen_many is not a pgbench script of its own: it runs bench/seen_many.sh
+#                    (batches of 100 against 100 idem_seen calls and against its floor) on
+#                    each major's cluster after the others, with --seconds, --rounds and 2
+#                    clients, and appends its table to summary.md
 #   --conf LINE      an extra postgresql.conf line, e.g. --conf 'fsync = on' (repeatable)
 #   --smoke          what CI runs: 200 transactions per client instead of seconds, 2 clients,
 #                    2 rounds, 1000 pre-populated keys; checks the scripts, not the speed
@@ -45,7 +49,7 @@ CDIR=""
 OUT=""
 KEEP=0
 SMOKE=0
-SCENARIOS="claim_complete replay in_progress seen_new seen_dup fp_1k fp_64k"
+SCENARIOS="claim_complete replay in_progress seen_new seen_dup fp_1k fp_64k seen_many"
 CONF=("shared_buffers = 512MB" "max_wal_size = 4GB" "checkpoint_timeout = 30min")
 while [ $# -gt 0 ]; do
     case $1 in
@@ -133,6 +137,7 @@ printf 'clients\tscenario\timpl\tround\tlog_prefix\tpgbench_tps\txids\twal_bytes
 for c in $CLIENTS; do
     threads=$(( c < 2 ? c : 2 ))
     for s in $SCENARIOS; do
+        [ "$s" = seen_many ] && continue
         for r in $(seq 1 "$ROUNDS"); do
           for m in "${MAJORS[@]}"; do
             on_major "$m"
@@ -162,4 +167,17 @@ done
 
 echo "== summary"
 $PY "$BENCH/latency.py" summarize "$OUT"
+if [[ " $SCENARIOS " == *" seen_many "* ]]; then
+    for m in "${MAJORS[@]}"; do
+        on_major "$m"
+        echo "== idem_seen_many, PostgreSQL $m (bench/seen_many.sh)"
+        many_args=(--seconds "$SECONDS_PER_RUN" --rounds "$ROUNDS")
+        [ "$SMOKE" = 1 ] && many_args=(--seconds 1 --rounds 1 --ndup 1000)
+        PGHOST=$CDIR/socket PGPORT=$PORT PGUSER=postgres OUT=$OUT/seen_many-pg$m \
+            "$BENCH/seen_many.sh" "${many_args[@]}" >"$OUT/logs/seen_many-pg$m.out" 2>&1 || {
+            echo "seen_many.sh failed:"; cat "$OUT/logs/seen_many-pg$m.out"; exit 1; }
+        { echo; echo "## idem_seen_many, PostgreSQL $m"; echo; cat "$OUT/seen_many-pg$m/summary.md"; } |
+            tee -a "$OUT/summary.md"
+    done
+fi
 echo "results: $OUT"

@@ -59,33 +59,28 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     }))
 }
 
-// $1 scope, $2 the batch's distinct ids, $3 now: those that are live (seen, not expired).
-// One primary-key lookup per id, as idem_seen's READ does: a scalar subquery is planned on
-// its own as the lookup of one row. (A join with the array, or `message_id = ANY ($2)`, is
-// planned once per backend, and a plan made while the table was small can scan the whole
-// scope and test each row against the array, slower with every batch recorded.)
-static READ_MANY: Statement = Statement {
-    sql: "SELECT id AS message_id FROM pg_catalog.unnest($2) AS id \
-          WHERE (SELECT m.expires_at FROM idempotency.messages AS m \
-                 WHERE m.scope OPERATOR(pg_catalog.=) $1 AND m.message_id OPERATOR(pg_catalog.=) id) \
-                OPERATOR(pg_catalog.>) $3",
-    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
-    kind: Kind::Read,
-    columns: &["message_id"],
-};
-
-// $1 scope, $2 the ids READ_MANY did not find, in byte order, $3 now, $4 expires_at. Returns
-// the ids recorded now. The rows are inserted in the order of $2 (a function scan keeps
-// it): two batches that share ids lock them in the same order, so one waits for the other
-// instead of deadlocking. An id that another transaction recorded meanwhile is not returned.
+// $1 scope, $2 the batch's distinct ids in byte order, $3 now, $4 expires_at. Returns the
+// ids recorded now: those with no live row (none, or an expired one). One statement that
+// looks first and writes only what it did not find, so a batch of duplicates writes nothing
+// and takes no transaction id. The look-up is one primary-key lookup per id: a subquery that
+// OFFSET 0 keeps from being turned into a join, because a join with the array is planned
+// once per backend, and a plan made while the table was small can scan the whole scope and
+// test each row against the array, slower with every batch recorded. The rows are inserted
+// in the order of $2 (a function scan keeps it): two batches that share ids lock them in the
+// same order, so one waits for the other instead of deadlocking. An id that another
+// transaction recorded meanwhile is not returned.
 static RECORD_MANY: Statement = Statement {
     sql: "INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at) \
           SELECT $1, id, $3, $4 FROM pg_catalog.unnest($2) AS id \
+          WHERE NOT EXISTS (SELECT FROM idempotency.messages AS live \
+                            WHERE live.scope OPERATOR(pg_catalog.=) $1 \
+                              AND live.message_id OPERATOR(pg_catalog.=) id \
+                              AND live.expires_at OPERATOR(pg_catalog.>) $3 OFFSET 0) \
           ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = $3, expires_at = $4 \
           WHERE m.expires_at OPERATOR(pg_catalog.<=) $3 \
           RETURNING m.message_id",
     args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
-    kind: Kind::Write,
+    kind: Kind::LookThenWrite,
     columns: &["message_id"],
 };
 
@@ -115,16 +110,7 @@ fn seen_many(
     let expires_at = now + ttl;
     let distinct = in_lock_order(&ids);
     let recorded: HashSet<String> = Spi::connect_mut(|client| {
-        // A batch of duplicates is answered from this read: nothing written, no transaction id.
-        let live: HashSet<String> =
-            spi::run(client, &READ_MANY, &[scope.into(), distinct.clone().into(), now.into()])
-                .map(|row| get_not_null::<String>(&row, &READ_MANY, "message_id"))
-                .collect();
-        let unseen: Vec<&str> = distinct.into_iter().filter(|id| !live.contains(*id)).collect();
-        if unseen.is_empty() {
-            return HashSet::new();
-        }
-        spi::run(client, &RECORD_MANY, &[scope.into(), unseen.into(), now.into(), expires_at.into()])
+        spi::run(client, &RECORD_MANY, &[scope.into(), distinct.into(), now.into(), expires_at.into()])
             .map(|row| get_not_null::<String>(&row, &RECORD_MANY, "message_id"))
             .collect()
     });

@@ -17,7 +17,7 @@ use crate::record::Outcome;
 use crate::wakeup;
 
 /// Longest sleep between two re-reads, in milliseconds.
-const FALLBACK_POLL_MS: i64 = 200;
+const FALLBACK_POLL_MS: i64 = 500;
 
 /// Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot never shows the change:
 /// those claims answer at once.

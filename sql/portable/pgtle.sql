@@ -1,6 +1,6 @@
--- The portable edition 0.4.0 registered with pg_tle (Trusted Language Extensions: AWS RDS
+-- The portable edition 0.4.1 registered with pg_tle (Trusted Language Extensions: AWS RDS
 -- and Aurora, Supabase), so that CREATE EXTENSION idempotency installs it. Generated from
--- idempotency-portable--0.4.0.sql, which it holds unchanged between the $_pgtle_$ quotes
+-- idempotency-portable--0.4.1.sql, which it holds unchanged between the $_pgtle_$ quotes
 -- (tests/portable/run.sh checks that); regenerate with
 --     tests/portable/run.sh --write-pgtle
 -- Steps (docs/portable.md, "Install with pg_tle"); NOT tested here: pg_tle is not packaged
@@ -11,15 +11,15 @@
 --     CREATE EXTENSION idempotency SCHEMA idempotency;
 SELECT pgtle.install_extension(
     'idempotency',
-    '0.4.0',
+    '0.4.1',
     'Idempotency keys, leases and message de-duplication inside your own transaction (portable edition: SQL and PL/pgSQL)',
 $_pgtle_$
--- idempotency 0.4.0, PORTABLE EDITION: the SQL contract of the native extension
+-- idempotency 0.4.1, PORTABLE EDITION: the SQL contract of the native extension
 -- (docs/portable.md), in SQL and PL/pgSQL only, for servers that load no custom library
 -- (RDS, Aurora, Cloud SQL, Azure, Supabase, Neon ...). PostgreSQL 14 or later.
 --
 -- Install: as the database owner (no superuser needed), once per database:
---     psql -v ON_ERROR_STOP=1 -d DB -f sql/portable/idempotency-portable--0.4.0.sql
+--     psql -v ON_ERROR_STOP=1 -d DB -f sql/portable/idempotency-portable--0.4.1.sql
 -- or as a SQL-only extension named idempotency (pg_tle: sql/portable/pgtle.sql; a control
 -- file without module_pathname: tests/portable/run.sh). Upgrade an install of release N by
 -- running sql/portable/idempotency-portable--N--M.sql. Moving to the native extension, and
@@ -27,7 +27,7 @@ $_pgtle_$
 --
 -- Released files are frozen: a change is a new release with an upgrade file.
 --
--- The same schema, table, type, view and functions as the native 0.4.0, with the same
+-- The same schema, table, type, view and functions as the native 0.4.1, with the same
 -- argument names, defaults, volatility, outcomes and SQLSTATEs. Settings are read with
 -- current_setting(name, true): unset means the documented default, and a bad value is
 -- refused (22023) where it is used rather than when it is SET. Every function pins
@@ -138,7 +138,7 @@ COMMENT ON TYPE idempotency.claim_result IS
 CREATE FUNCTION idempotency.portable_version() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT '0.4.0' $$;
+AS $$ SELECT '0.4.1' $$;
 
 -- ---------------------------------------------------------------------------------------
 -- Helpers. None raises: the idem_* functions raise their errors themselves, so that an
@@ -1073,11 +1073,13 @@ BEGIN
         RETURN '{}'::boolean[];
     END IF;
 
-    -- The distinct ids not live in the log, in byte order.
+    -- The distinct ids not live in the log, in byte order. OFFSET 0 keeps the look-up one
+    -- index look-up per id (0.4.1): as a join it could be planned as a hash anti join that
+    -- reads the whole scope, while the statistics still said the scope was small.
     SELECT array_agg(d.id ORDER BY d.id COLLATE "C") INTO unseen
       FROM (SELECT DISTINCT u.id FROM unnest(message_ids) AS u(id)) AS d
      WHERE NOT EXISTS (SELECT FROM idempotency.messages AS m
-                        WHERE m.scope = idem_seen_many.scope AND m.message_id = d.id AND m.expires_at > now_);
+                        WHERE m.scope = idem_seen_many.scope AND m.message_id = d.id AND m.expires_at > now_ OFFSET 0);
     IF unseen IS NOT NULL THEN
         -- Behind another open transaction's insert of the same id this waits on the unique
         -- index; an id that transaction recorded is not returned.

@@ -37,8 +37,8 @@ set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"
 HERE=$ROOT/tests/portable
-VERSION=0.4.0
-PREVIOUS=0.3.0
+VERSION=0.4.1
+PREVIOUS=0.4.0
 RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
 UPGRADE=$ROOT/sql/portable/idempotency-portable--$PREVIOUS--$VERSION.sql
 PREFIX=${PORT_DIR_PREFIX:-/tmp/idem-port}

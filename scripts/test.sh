@@ -266,22 +266,7 @@ stop_test_cluster() {
 }
 trap stop_test_cluster EXIT
 
-# The suites' ports (tests/lib.sh's PORT_TABLE, and the ranges the client and portable suites
-# take from their bases) lie inside Linux's ephemeral range (32768-60999): a client socket
-# elsewhere on the machine could hold one, and a server then fails to bind it. As root,
-# reserve them from ephemeral use for as long as the machine runs (a reserved port can still
-# be bound by a server; the kernel only stops handing it out to client sockets).
-reserve_test_ports() {
-    local file=/proc/sys/net/ipv4/ip_local_reserved_ports old
-    [ "$(id -u)" = 0 ] && [ -w "$file" ] || return 0
-    old=$(cat "$file")
-    echo "${old:+$old,}54320-54350,55320-55510,56190-56700,57320-57460" >"$file" 2>/dev/null ||
-        echo "could not reserve the test ports (they may collide with client sockets)" >&2
-}
-
 # --- the run -----------------------------------------------------------------------------
-
-reserve_test_ports
 
 scripts/install-deps.sh || { echo "install-deps failed"; echo "total: 0 passed, 1 failed"; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"

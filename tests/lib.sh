@@ -141,28 +141,38 @@ as_postgres() { # as_postgres CMD...: from /, which the postgres user can enter
 
 # name        pg15   pg18   ports  used by
 PORT_TABLE="
-demo          54329  55329  1      scripts/setup.sh
-test          54330  55330  1      regress + isolation (scripts/test.sh)
-cron          54331  55331  1      tests/pg_cron/run.sh (15 only)
-stress        54332  55332  1      tests/stress/stress.py (via scripts/test.sh)
-upgrade       54333  55333  1      tests/upgrade/run.sh
-migrate       54334  55334  2      15 -> 18 dump/restore (source on pg15 port, target on pg18 port)
-package       54336  55336  1      the .deb / .tar.gz package suite
-portable      54337  55337  1      the portable (plain SQL) edition
-monitoring    54338  55338  2      the Prometheus exporter suite (cluster, exporter)
-examples      55445  56445  1      tests/clients/run_examples.sh
-e2e           55446  56446  4      tests/e2e (PostgreSQL, gateway stub, service, proxy)
-security      55450  56450  3      tests/security/run.sh (main, primary, standby)
-bench         55460  56460  5      bench/run.sh 55460, expiry 55461, profile 55462, variants 55464
-python        55466  56466  2      client package suite: Python
-node          55468  56468  2      client package suite: Node
-rust          55470  56470  2      client package suite: Rust
-citus         55475  56475  3      tests/citus/run.sh (coordinator, two workers)
-rust-apps     55480  56480  8      clients/rust demo servers (TEST_PORT_BASE)
-e2e-apps      55490  56490  4      tests/e2e/run_demo_apps.sh (the black-box suite per demo app)
-claim-retry   55495  56495  1      tests/claim_retry/run.py (the proxy that loses a COMMIT's reply)
-node-demos    56420  57420  25     clients/node demo servers (DEMO_PORT_BASE)
+demo          20300  21300  1      scripts/setup.sh
+test          20301  21301  1      regress + isolation (scripts/test.sh)
+cron          20302  21302  1      tests/pg_cron/run.sh (15 only)
+stress        20303  21303  1      tests/stress/stress.py (via scripts/test.sh)
+upgrade       20304  21304  1      tests/upgrade/run.sh
+migrate       20305  21305  1      15 -> 18 dump/restore (source on pg15 port, target on pg18 port)
+package       20307  21307  1      the .deb / .tar.gz package suite
+monitoring    20308  21308  2      the Prometheus exporter suite (cluster, exporter)
+examples      20310  21310  1      tests/clients/run_examples.sh
+e2e           20311  21311  4      tests/e2e (PostgreSQL, gateway stub, service, proxy)
+security      20315  21315  3      tests/security/run.sh (main, primary, standby)
+bench         20318  21318  5      bench/run.sh +0, expiry +1, profile +2, variants +4
+python        20323  21323  2      client package suite: Python
+node          20325  21325  2      client package suite: Node
+rust          20327  21327  2      client package suite: Rust
+citus         20329  21329  3      tests/citus/run.sh (coordinator, two workers)
+rust-apps     20332  21332  8      clients/rust demo servers (TEST_PORT_BASE)
+e2e-apps      20340  21340  4      tests/e2e/run_demo_apps.sh (the black-box suite per demo app)
+claim-retry   20344  21344  1      tests/claim_retry/run.py (the proxy that loses a COMMIT's reply)
+portable      20345  21345  24     tests/portable/run.sh (both majors from the pg15 base: +0..+12 pg15, +10.. pg18)
+portable-bench 20370 21370  1      tests/portable/bench.sh
+node-demos    20371  21371  25     clients/node demo servers (DEMO_PORT_BASE)
+go            20400  21400  2      client package suite: Go (PostgreSQL, pgbouncer)
+go-apps       20402  21402  8      clients/go demo servers
+java          20410  21410  2      client package suite: Java (PostgreSQL, pgbouncer)
+java-apps     20412  21412  8      clients/java demo servers
 "
+# Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
+# on the machine can hold one. IDEM_TEST_SLOT=N (1-5) moves every port up by N * 2000 and
+# every folder to /tmp/idempotency-sN-NAME: a second checkout can run its suites beside the
+# first without the two colliding.
+IDEM_TEST_SLOT=${IDEM_TEST_SLOT:-0}
 
 port_of() { # port_of NAME [MAJOR]
     local major=${2:-${PG_MAJOR:-15}} col
@@ -173,14 +183,15 @@ port_of() { # port_of NAME [MAJOR]
         echo "port_of: no port for '$1' in tests/lib.sh's PORT_TABLE" >&2
         return 2
     fi
-    echo "$port"
+    echo $((port + 2000 * IDEM_TEST_SLOT))
 }
 
 dir_of() { # dir_of NAME [MAJOR]
-    local major=${2:-${PG_MAJOR:-15}}
+    local major=${2:-${PG_MAJOR:-15}} slot=""
+    [ "$IDEM_TEST_SLOT" != 0 ] && slot=-s$IDEM_TEST_SLOT
     case $major in
-    15) echo "/tmp/idempotency-$1" ;;
-    18) echo "/tmp/idempotency-$1-pg18" ;;
+    15) echo "/tmp/idempotency$slot-$1" ;;
+    18) echo "/tmp/idempotency$slot-$1-pg18" ;;
     *) echo "unknown PostgreSQL major '$major' (known: $PG_MAJORS)" >&2; return 2 ;;
     esac
 }
@@ -213,8 +224,8 @@ cluster_start() { # cluster_start DIR PORT [CONF...]
             for line in "$@"; do echo "$line"; done
         } | as_postgres tee -a "$dir/data/postgresql.conf" >/dev/null
     fi
-    # Our ports lie in Linux's ephemeral range: a client connection elsewhere on the machine
-    # can hold one for a moment ("could not bind"), so a few tries.
+    # A port can still be held for a moment by a server of ours stopped just before, so a
+    # few tries.
     for try in 1 2 3; do
         as_postgres "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null && return 0
         echo "cluster_start: $dir (PostgreSQL $PG_MAJOR, port $port) did not start (try $try); its log says:" >&2

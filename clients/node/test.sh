@@ -5,7 +5,7 @@
 # runs `node --test` (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
 #
 # Ports and folder: tests/lib.sh's "node" row (PostgreSQL, pgbouncer = +1) and its folder; the demo
-# servers listen from DEMO_PORT_BASE (default 56420). NODE_SUITE_PORT / NODE_SUITE_DIR override.
+# servers listen from DEMO_PORT_BASE (default: tests/lib.sh's node-demos). NODE_SUITE_PORT / NODE_SUITE_DIR override.
 # Last line: "clients-node: N passed, M failed".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

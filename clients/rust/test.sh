@@ -7,7 +7,7 @@
 #   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode.
 # Tests that need what the installed extension lacks say so (SKIP) and are not counted as passed.
 # Environment: RUST_SUITE_PORT (PostgreSQL; pgbouncer on +1), RUST_SUITE_DIR, TEST_PORT_BASE
-# (the demo apps' ports: 8 from there, default 55480), CARGO_TARGET_DIR (default target/clients, shared
+# (the demo apps' ports: 8 from there, default: tests/lib.sh's rust-apps), CARGO_TARGET_DIR (default target/clients, shared
 # with examples/charges-api). Last line: "rust: N passed, M failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

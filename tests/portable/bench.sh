@@ -9,15 +9,15 @@
 # each waiter's answer, with 1 waiter (20 rounds) and 50 waiters on one key, and the CPU the
 # waiting backends burn (utime + stime from /proc/PID/stat over 5 seconds), per edition.
 #
-# Port 56290, folder /tmp/idem-port-bench (PORT_BENCH_PORT, PORT_BENCH_DIR; PORT_BENCH_BIN: another
+# Port and folder: tests/lib.sh's portable-bench (PORT_BENCH_PORT, PORT_BENCH_DIR; PORT_BENCH_BIN: another
 # server with the native extension). bench/run.sh is the project's benchmark; this is
 # the portable edition's quick comparison until bench/run.sh measures it.
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 SECONDS_EACH=${1:-10}
 BIN=${PORT_BENCH_BIN:-$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)}
-DIR=${PORT_BENCH_DIR:-/tmp/idem-port-bench}
-PORT=${PORT_BENCH_PORT:-56290}
+DIR=${PORT_BENCH_DIR:-$(dir_of portable-bench 18)}
+PORT=${PORT_BENCH_PORT:-$(port_of portable-bench 18)}
 RELEASE=$ROOT/sql/portable/idempotency-portable--0.4.1.sql
 [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] || { echo "bench: the native extension is not installed in $BIN/.."; exit 2; }
 

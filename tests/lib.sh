@@ -169,7 +169,7 @@ java          20410  21410  2      client package suite: Java (PostgreSQL, pgbou
 java-apps     20412  21412  8      clients/java demo servers
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
-# on the machine can hold one. IDEM_TEST_SLOT=N (1-7) moves every port up by N * 1500 and
+# on the machine can hold one. IDEM_TEST_SLOT=N (1-8) moves every port up by N * 1300 and
 # every folder to /tmp/idempotency-sN-NAME: a second checkout can run its suites beside the
 # first without the two colliding.
 IDEM_TEST_SLOT=${IDEM_TEST_SLOT:-0}
@@ -183,7 +183,7 @@ port_of() { # port_of NAME [MAJOR]
         echo "port_of: no port for '$1' in tests/lib.sh's PORT_TABLE" >&2
         return 2
     fi
-    echo $((port + 1500 * IDEM_TEST_SLOT))
+    echo $((port + 1300 * IDEM_TEST_SLOT))
 }
 
 dir_of() { # dir_of NAME [MAJOR]

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RELEASE_TEMPLATE = "sql/portable/release.sql.in"
 PGTLE_TEMPLATE = "sql/portable/pgtle.sql.in"
 PGTLE = "sql/portable/pgtle.sql"
+FUNCTIONS = "sql/portable/functions"
 VERSION_MARK = "{{version}}"
 
 
@@ -183,11 +184,18 @@ def assemble(template, version, read, shared, release_text=None):
 def assemble_all(version, root=ROOT):
     """{path: text} of the files the sources make."""
 
+    read_paths = set()
+
     def read(path):
+        read_paths.add(path)
         return (root / path).read_text()
 
     shared = shared_ddl_files(root)
     release = assemble(read(RELEASE_TEMPLATE), version, read, shared)
+    unused = sorted(p.relative_to(root).as_posix() for p in (root / FUNCTIONS).glob("*.sql"))
+    unused = [p for p in unused if p not in read_paths]
+    if unused:
+        raise AssemblyError(f"{RELEASE_TEMPLATE} includes none of: {', '.join(unused)}")
     pgtle = assemble(read(PGTLE_TEMPLATE), version, read, shared, release_text=release)
     return {release_path(version): release, PGTLE: pgtle}
 

@@ -149,8 +149,9 @@ def assemble(template, version, read, shared, release_text=None):
         elif verb == "replace:":
             if last is None:
                 raise AssemblyError(f"{where}: 'replace:' must follow a statement")
-            if out[last].count(arg) != 1:
-                raise AssemblyError(f"{where}: {arg!r} occurs {out[last].count(arg)} times in the statement (need once)")
+            times = out[last].count(arg)
+            if times != 1:
+                raise AssemblyError(f"{where}: {arg!r} occurs {times} times in the statement (need once)")
             pending = arg
         elif verb == "with:":
             if pending is None:
@@ -201,7 +202,9 @@ def assemble_all(version, root=ROOT):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", help="the release (default: Cargo.toml's version)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
@@ -227,9 +230,8 @@ def main():
         if committed != text:
             differ += 1
             print(f"{path} differs from what the sources assemble (- committed, + assembled):")
-            sys.stdout.writelines(
-                list(difflib.unified_diff(committed.splitlines(True), text.splitlines(True), path, "assembled"))[:60]
-            )
+            diff = difflib.unified_diff(committed.splitlines(True), text.splitlines(True), path, "assembled")
+            sys.stdout.writelines(list(diff)[:60])
     if differ:
         print(
             "Run scripts/assemble_portable.py to write them; a released file is frozen, so a change "

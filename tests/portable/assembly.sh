@@ -28,7 +28,8 @@ for what in release pgtle; do
     if ! error=$("${assemble[@]}" 2>&1 >/dev/null); then
         fail "$file is what scripts/assemble_portable.py assembles" "$error"; continue
     fi
-    check "$file is what scripts/assemble_portable.py assembles" "" "$(diff "$file" <("${assemble[@]}") | head -40)"
+    check "$file is what scripts/assemble_portable.py assembles" "" \
+        "$(diff "$file" <("${assemble[@]}") | head -40)"
 done
 
 finish portable-assembly

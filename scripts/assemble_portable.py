@@ -11,7 +11,7 @@ V defaults to Cargo.toml's version. The sources:
                                 naming what goes where
   sql/portable/functions/*.sql  this edition's own functions, one file per concern
   the shared DDL                the sql/ files src/ builds into the native edition
-                                (extension_sql_file!): tables, type, view, procedure, grants,
+                                (extension_sql_file!): tables, indexes, type, view, procedure,
                                 distribute(); statements are taken from them as they are
   sql/portable/pgtle.sql.in     pgtle.sql around the release file ("--@ release")
 Writes sql/portable/idempotency-portable--V.sql and sql/portable/pgtle.sql. A released

@@ -9,7 +9,7 @@
 # Last line: "portable-assembly: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 
 units=$(/usr/bin/python3 -m unittest -v tests/portable/test_assemble.py 2>&1)
 while read -r name verdict; do

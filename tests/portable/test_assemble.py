@@ -4,14 +4,14 @@
 (tests/portable/assembly.sh runs them, then checks the committed files.)
 """
 
-import sys
+import importlib.util
 import unittest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import assemble_portable as ap  # noqa: E402
+_spec = importlib.util.spec_from_file_location("assemble_portable", ROOT / "scripts/assemble_portable.py")
+ap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ap)
 
 SHARED = """-- A file header, not a statement's comment.
 

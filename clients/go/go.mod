@@ -2,7 +2,10 @@ module github.com/idempotency/pg-idempotency-go
 
 go 1.25.0
 
-require github.com/jackc/pgx/v5 v5.12.0
+require (
+	github.com/go-chi/chi/v5 v5.5.0
+	github.com/jackc/pgx/v5 v5.12.0
+)
 
 require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect

@@ -15,8 +15,11 @@
 # demo app's port; default tests/lib.sh's go-apps). Last line: "go-client: N passed, M failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=../../tests/lib.sh
 . "$here/../../tests/lib.sh" || exit 2
 
+# Go's own install (the official tarball's place) when go is not on PATH already.
+export PATH="$PATH:/usr/local/go/bin"
 STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PORT=${GO_SUITE_PORT:-$(port_of go)}
 DIR=${GO_SUITE_DIR:-$(dir_of go)}

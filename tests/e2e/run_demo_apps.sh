@@ -11,7 +11,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 port=${E2E_APPS_PORT:-55490}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/clients}
-export PATH="$HOME/.cargo/bin:$PATH"
+export PATH="$HOME/.cargo/bin:$PATH:/usr/local/go/bin"
 passed=0
 failed=0
 skipped=0

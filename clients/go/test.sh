@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Go package's own suite, one command:
-#   1. go vet, staticcheck (pinned, fetched from the module proxy by `go run`), go build of the
+#   1. gofmt, go vet, staticcheck (pinned, fetched from the module proxy by `go run`), go build of the
 #      module and its demo app (cmd/demo);
 #   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh), pgbouncer in
 #      transaction-pooling mode in front of it;
@@ -47,6 +47,14 @@ cluster_stop "$DIR/pg"
 pgbouncer_stop "$DIR"
 rm -rf "$DIR"
 mkdir -p "$DIR"
+gofmt_clean() {
+    local out
+    out=$(gofmt -l .) || return 1
+    [ -z "$out" ] && return 0
+    echo "not gofmt-formatted: $out"
+    return 1
+}
+step "gofmt" gofmt_clean
 step "go vet" go vet ./...
 step "staticcheck" go run "$STATICCHECK" ./...
 export DEMO_BIN=$DIR/demo

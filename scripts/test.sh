@@ -82,6 +82,7 @@ register_suites() {
     register python-client   15   full ext     clients/python/test.sh
     register node-client     15   full ext     clients/node/test.sh
     register rust-client     15   full ext     clients/rust/test.sh
+    register go-client       15   full ext     clients/go/test.sh
     register e2e-apps        15   full ext     e2e_apps
     register claim-retry     each full cluster claim_retry
     register migrate         after full ext    tests/migrate/run.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the client examples in examples/clients/ (Python, Node, Rust) against a throwaway
-# PostgreSQL cluster of PG_MAJOR (15 or 18) with the extension. The Go example is not run here
-# (no Go toolchain on these machines). Needs the extension installed into that PostgreSQL,
+# PostgreSQL cluster of PG_MAJOR (15 or 18) with the extension. The Go example is run by
+# clients/go/test.sh (the go-client suite). Needs the extension installed into that PostgreSQL,
 # /usr/bin/python3 with psycopg 3, node + npm, cargo; npm ci and cargo fetch from their registries.
 #   tests/clients/run_examples.sh [PORT]      (default: tests/lib.sh's "examples" port)
 # Last line: "examples: N passed, M failed"; the exit code is non-zero if anything failed.

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The black-box HTTP suite (tests/e2e/run.py) against every client package's demo app, one
 # after the other: Rust (clients/rust examples/demo), Python (FastAPI and Django), Node
-# (Express and Fastify). An app whose runtime is not set up here (the package's own test.sh
-# builds it: cargo, the venv clients/python/.venv or $IDEM_PY_PYTHON, clients/node/node_modules)
-# is skipped with the reason, never counted as passed.
+# (Express and Fastify), Go (clients/go cmd/demo, built here with `go build`). An app whose
+# runtime is not set up here (the package's own test.sh builds it: cargo, the venv
+# clients/python/.venv or $IDEM_PY_PYTHON, clients/node/node_modules; go on PATH) is skipped
+# with the reason, never counted as passed.
 # Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 55490) to +3.
 # Last line: "e2e-apps: N passed, M failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 port=${E2E_APPS_PORT:-55490}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/clients}
-export PATH="$HOME/.cargo/bin:$PATH"
+export PATH="$HOME/.cargo/bin:$PATH:/usr/local/go/bin"
 passed=0
 failed=0
 skipped=0
@@ -53,6 +54,14 @@ for app in express fastify; do
         skip "node-$app" "clients/node/node_modules/$app is missing (clients/node/test.sh runs npm ci)"
     fi
 done
+
+if ! command -v go >/dev/null; then
+    skip go "no Go toolchain here (go is not on PATH)"
+elif mkdir -p "$CARGO_TARGET_DIR" && (cd "$root/clients/go" && go build -o "$CARGO_TARGET_DIR/go-demo" ./cmd/demo); then
+    run_app go "$CARGO_TARGET_DIR/go-demo"
+else
+    failed=$((failed + 1)); echo "FAIL e2e-go: the demo app does not build"
+fi
 
 [ "$skipped" -gt 0 ] && echo "($skipped demo apps skipped)"
 echo "e2e-apps: $passed passed, $failed failed"

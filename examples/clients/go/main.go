@@ -1,7 +1,9 @@
 // The idempotency extension from Go (pgx v5).
 //
-//	go mod tidy   # the first time: resolves pgx's dependencies and writes go.sum
 //	DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres go run .
+//
+// clients/go/test.sh runs it against a throwaway cluster. For HTTP services, the package in
+// clients/go does all of this (and more) as net/http middleware.
 //
 // Runs, and checks, one claim / business write / complete / replay / mismatch cycle and a
 // message consumer's idem_seen. The database needs `CREATE EXTENSION idempotency`. The last

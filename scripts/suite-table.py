@@ -37,7 +37,7 @@ def suites():
     rows = [dict(zip(fields, line.split("\t"))) for line in out.splitlines() if line]
     for row in rows:
         if len(row) != len(fields):
-            raise SystemExit(f"suite-table: a line of scripts/test.sh --list has not {len(fields)} fields: {row}")
+            raise SystemExit(f"suite-table: a line of scripts/test.sh --list lacks fields: {row}")
     return rows
 
 

@@ -54,6 +54,8 @@ register_suites() {
         /usr/bin/python3 scripts/check-links.py --self-test
     register suite-table     once fast -       'the suite table of CONTRIBUTING.md says what `scripts/test.sh --list` says' \
         /usr/bin/python3 scripts/suite-table.py --check
+    register module-cycles   once fast -       'no two modules of a Rust crate import each other (the self-test on a made-up crate, then each crate)' \
+        /usr/bin/python3 scripts/check-module-cycles.py
     register unit            each fast -       'the pure modules (`cargo test --lib`: RFC 8785 on the examples of the RFC, the binary form of jsonb, argument checks, SQLSTATEs, the symbols kept for old releases) and the proptest fuzzing, then the in-process `#[pg_test]`s of the SPI paths (`cargo pgrx test pgN`)' \
         pgrx_tests
     register regress         each fast cluster 'pg_regress: every outcome and every bad input; the expected output reads as documentation (`make -C tests installcheck ISOLATION=`)' \

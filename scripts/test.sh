@@ -2,7 +2,8 @@
 # The test suites, on a fresh Debian 12 machine as root, on PostgreSQL 15 and 18.
 #
 #   scripts/test.sh                   everything (what CI runs: .ci/run)
-#   scripts/test.sh fast              the quick tier: unit + in-process, regress, isolation
+#   scripts/test.sh fast              the quick tier (TIER fast): the checks of the tree, unit +
+#                                     in-process, regress, isolation
 #   scripts/test.sh SUITE...          those suites (names below)
 #   scripts/test.sh --pg 18 ...       on one major only (repeatable; default: 15 and 18)
 #

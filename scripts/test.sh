@@ -40,6 +40,11 @@ STARTED=$SECONDS
 NAMES=()
 declare -A WHERE TIER NEEDS DESCRIPTION COMMAND
 register() {
+    # A line written before descriptions existed would take its command for one: refuse it.
+    if [ $# -lt 6 ] || [[ $5 != *" "* ]]; then
+        echo "test.sh: register $1: NAME WHERE TIER NEEDS 'DESCRIPTION' COMMAND... (got: $*)" >&2
+        exit 2
+    fi
     NAMES+=("$1"); WHERE[$1]=$2; TIER[$1]=$3; NEEDS[$1]=$4; DESCRIPTION[$1]=$5; shift 5
     COMMAND[${NAMES[-1]}]="$*"
 }

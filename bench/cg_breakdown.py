@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 FUNCS = [
-    ("idem_claim_wrapper", "idem_claim (inclusive)"),
+    ("idem_claim_wait_token_wrapper", "idem_claim (inclusive)"),  # 0.4.0 on (0.1.0-0.3.0: src/api/compat.rs)
     ("idem_complete_wrapper", "idem_complete (inclusive)"),
     ("idem_seen_wrapper", "idem_seen (inclusive)"),
     ("idem_fingerprint_wrapper", "idem_fingerprint (inclusive)"),

@@ -2,30 +2,15 @@
 # The test suites, on a fresh Debian 12 machine as root, on PostgreSQL 15 and 18.
 #
 #   scripts/test.sh                   everything (what CI runs: .ci/run)
-#   scripts/test.sh fast              the quick tier: unit + in-process, regress, isolation
+#   scripts/test.sh fast              the quick tier (TIER fast): the checks of the tree, unit +
+#                                     in-process, regress, isolation
 #   scripts/test.sh SUITE...          those suites (names below)
 #   scripts/test.sh --pg 18 ...       on one major only (repeatable; default: 15 and 18)
 #
-# Suites (the table in register_suites below says which run on which major):
-#   lint          cargo fmt / clippy (scripts/lint.sh)
-#   links         every relative link and #anchor in the Markdown files (scripts/check-links.py)
-#   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
-#   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)
-#   pg_cron       the sweep scheduled by pg_cron (15 only: Debian ships pg_cron for 15)
-#   upgrade       every frozen release, ALTER EXTENSION UPDATE
-#   completer     examples/completer.py --self-test     stress     32 sessions, kills, one crash
-#   security      privileges, RLS, search_path, dump/restore with that major's own pg_dump, standby
-#   client-examples  the Python, Node and Rust client examples
-#   e2e           the example HTTP service under faults (on 15)
-#   bench-smoke   the benchmark scripts, tiny runs (on 15)
-#   citus         Citus, where installed (skipped with a message otherwise)
-#   meta          META.json against Cargo.toml, the control file, the changelog
-#   package       the .deb for 15 (dpkg -i / -r, lintian) and the tarball for 18
-#   monitoring    prometheus-postgres-exporter scraped, alert rules (promtool)
-#   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
-#   migrate       a 15 database moved to 18 by dump and restore (after both majors)
-#   portable      the portable (plain SQL) edition on 15 and 18 (after both majors)
-#   portable-assembly  the portable edition's committed files = what scripts/assemble_portable.py makes
+#   scripts/test.sh --list            the suites, one a line: NAME WHERE TIER NEEDS COMMAND DESCRIPTION
+#                                     (tab-separated; CONTRIBUTING.md's table is written from it
+#                                     by scripts/suite-table.py)
+#
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
@@ -42,51 +27,98 @@ STARTED=$SECONDS
 
 # --- the suites --------------------------------------------------------------------------
 
-# register NAME WHERE TIER NEEDS COMMAND...
+# register NAME WHERE TIER NEEDS DESCRIPTION COMMAND...
 #   WHERE  once (not tied to a major, before the majors' suites) | after (once, after every
 #          major's suites, when the extension is installed into each) | each (every major) |
 #          15 | 18 (that major only)
 #   TIER   fast (also in `scripts/test.sh fast`) | full
 #   NEEDS  - | ext (the release build installed into the major) | cluster (also the shared
 #          test cluster running, in PGHOST/PGPORT)
+#   DESCRIPTION  one line: what the suite proves (Markdown; CONTRIBUTING.md's suite table)
 #   COMMAND  a script or a function below; OPTIONAL:PATH runs PATH and, while PATH is not in
 #          the tree, prints that it is skipped
 NAMES=()
-declare -A WHERE TIER NEEDS COMMAND
+declare -A WHERE TIER NEEDS DESCRIPTION COMMAND
 register() {
-    NAMES+=("$1"); WHERE[$1]=$2; TIER[$1]=$3; NEEDS[$1]=$4; shift 4
+    # A line written before descriptions existed would take its command for one: refuse it.
+    if [ $# -lt 6 ] || [[ $5 != *" "* ]]; then
+        echo "test.sh: register $1: NAME WHERE TIER NEEDS 'DESCRIPTION' COMMAND... (got: $*)" >&2
+        exit 2
+    fi
+    NAMES+=("$1"); WHERE[$1]=$2; TIER[$1]=$3; NEEDS[$1]=$4; DESCRIPTION[$1]=$5; shift 5
     COMMAND[${NAMES[-1]}]="$*"
 }
 
+# The descriptions are Markdown in single quotes: their backticks are meant literally.
+# shellcheck disable=SC2016
 register_suites() {
-    register lint            once full -       OPTIONAL:scripts/lint.sh
-    register links           once fast -       OPTIONAL:scripts/check-links.py
-    register links-self-test once fast -       /usr/bin/python3 scripts/check-links.py --self-test
-    register unit            each fast -       pgrx_tests
-    register regress         each fast cluster installcheck regress
-    register isolation       each fast cluster installcheck isolation
-    register pg_cron         each full ext     tests/pg_cron/run.sh
-    register upgrade         each full ext     tests/upgrade/run.sh
-    register completer       each full cluster completer
-    register stress          each full ext     stress
-    register security        each full ext     tests/security/run.sh
-    register client-examples each full ext     tests/clients/run_examples.sh
-    register e2e             15   full ext     tests/e2e/run.sh
-    register bench-smoke     15   full ext     bench_smoke
-    register citus           each full ext     tests/citus/run.sh
+    register lint            once full -       '`cargo fmt --check` and clippy ([Lints](#lints))' \
+        OPTIONAL:scripts/lint.sh
+    register links           once fast -       'every relative link and `#anchor` in the Markdown files resolves' \
+        OPTIONAL:scripts/check-links.py
+    register links-self-test once fast -       'the link checker on a temporary tree of good and broken links' \
+        /usr/bin/python3 scripts/check-links.py --self-test
+    register suite-table     once fast -       'the suite table of CONTRIBUTING.md says what `scripts/test.sh --list` says' \
+        /usr/bin/python3 scripts/suite-table.py --check
+    register module-cycles   once fast -       'no two modules of a Rust crate import each other (the self-test on a made-up crate, then each crate)' \
+        /usr/bin/python3 scripts/check-module-cycles.py
+    register unit            each fast -       'the pure modules (`cargo test --lib`: RFC 8785 on the examples of the RFC, the binary form of jsonb, argument checks, SQLSTATEs, the symbols kept for old releases) and the proptest fuzzing, then the in-process `#[pg_test]`s of the SPI paths (`cargo pgrx test pgN`)' \
+        pgrx_tests
+    register regress         each fast cluster 'pg_regress: every outcome and every bad input; the expected output reads as documentation (`make -C tests installcheck ISOLATION=`)' \
+        installcheck regress
+    register isolation       each fast cluster 'isolationtester specs, one per interleaving that matters ([docs/reliability.md](docs/reliability.md#concurrent-sessions); `make -C tests installcheck REGRESS=`)' \
+        installcheck isolation
+    register pg_cron         each full ext     'a cluster with pg_cron preloaded: `schedule_maintenance()`, then a wait until pg_cron has run the sweep and the release; where Debian ships pg_cron (15)' \
+        tests/pg_cron/run.sh
+    register upgrade         each full ext     'every frozen release installed with live data, then `ALTER EXTENSION UPDATE`, compared object by object with a fresh install ([Adding a release](#adding-a-release))' \
+        tests/upgrade/run.sh
+    register completer       each full cluster 'the dead-worker recovery example, run for real (`examples/completer.py --self-test`)' \
+        completer
+    register stress          each full ext     '32 sessions, killed backends, one server crash ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
+        stress
+    register security        each full ext     'privileges, row-level security, `search_path` hijacks, dump and restore with the `pg_dump` of that major, a hot standby, huge and hostile input ([docs/security.md](docs/security.md))' \
+        tests/security/run.sh
+    register client-examples each full ext     'the Python, Node and Rust client examples against a real server (the Go one runs in go-client)' \
+        tests/clients/run_examples.sh
+    register e2e             15   full ext     'the example HTTP service under real faults ([docs/applications.md](docs/applications.md#example-service))' \
+        tests/e2e/run.sh
+    register bench-smoke     15   full ext     'every benchmark script, tiny runs, so they keep working (its figures mean nothing)' \
+        bench_smoke
+    register citus           each full ext     'a coordinator and two workers, where Citus is installed; skipped with a message otherwise' \
+        tests/citus/run.sh
     # Suites of the packaging, monitoring, portable-edition and client-package work.
-    register meta            once full -       tests/package/meta.sh
-    register portable-assembly once fast -     tests/portable/assembly.sh
-    register package         once full -       tests/package/run.sh
-    register monitoring      each full ext     tests/monitoring/run.sh
-    register python-client   15   full ext     clients/python/test.sh
-    register node-client     15   full ext     clients/node/test.sh
-    register rust-client     15   full ext     clients/rust/test.sh
-    register go-client       15   full ext     clients/go/test.sh
-    register e2e-apps        15   full ext     e2e_apps
-    register claim-retry     each full cluster claim_retry
-    register migrate         after full ext    tests/migrate/run.sh
-    register portable        after full ext    tests/portable/run.sh
+    register meta            once full -       '`META.json` (PGXN) against `Cargo.toml`, the control file and the Debian changelog' \
+        tests/package/meta.sh
+    register portable-assembly once fast -     'the committed portable release file and `pgtle.sql` are what `scripts/assemble_portable.py` makes of their sources' \
+        tests/portable/assembly.sh
+    register package         once full -       'the `.deb` for 15 (`dpkg -i` / `-r` on a machine without the extension, lintian, the demo, updates from every release) and the tarball for 18 ([docs/packages.md](docs/packages.md))' \
+        tests/package/run.sh
+    register monitoring      each full ext     'the Prometheus PostgreSQL exporter of Debian scraped with our queries, the alert rules under promtool ([docs/monitoring.md](docs/monitoring.md))' \
+        tests/monitoring/run.sh
+    register python-client   15   full ext     'the tests of the Python middleware package, over real HTTP, also through PgBouncer' \
+        clients/python/test.sh
+    register node-client     15   full ext     'the tests of the Node middleware package, over real HTTP, also through PgBouncer' \
+        clients/node/test.sh
+    register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \
+        clients/rust/test.sh
+    register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \
+        clients/go/test.sh
+    register e2e-apps        15   full ext     'the black-box HTTP suite (`tests/e2e/run.py`) against the demo app of every client package' \
+        e2e_apps
+    register claim-retry     each full cluster 'a claim whose reply to COMMIT is lost, repeated with its caller-chosen token (`tests/claim_retry/run.py`)' \
+        claim_retry
+    register migrate         after full ext    'a 15 database moved to 18 by dump and restore ([docs/packages.md](docs/packages.md#moving-a-database-from-15-to-18))' \
+        tests/migrate/run.sh
+    register portable        after full ext    'the portable edition on 15 and 18: regress, isolation, security, stress, switching editions ([docs/portable.md](docs/portable.md))' \
+        tests/portable/run.sh
+}
+
+# --list: one line per suite, its fields tab-separated.
+list_suites() {
+    local n
+    for n in "${NAMES[@]}"; do
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "${WHERE[$n]}" "${TIER[$n]}" "${NEEDS[$n]}" "${COMMAND[$n]}" "${DESCRIPTION[$n]}"
+    done
 }
 
 pgrx_tests() {
@@ -141,7 +173,12 @@ bench_smoke() { bench/run.sh --smoke --pg "$PG_MAJOR" && echo "bench-smoke: 1 pa
 
 # --- arguments ---------------------------------------------------------------------------
 
-usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+usage() {
+    sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    echo "Suites (WHERE TIER NEEDS NAME):"
+    local n
+    for n in "${NAMES[@]}"; do printf '  %-6s %-4s %-7s %s\n' "${WHERE[$n]}" "${TIER[$n]}" "${NEEDS[$n]}" "$n"; done
+}
 register_suites
 majors=()
 wanted=()
@@ -154,6 +191,7 @@ while [ $# -gt 0 ]; do
         for n in "${NAMES[@]}"; do [ "${TIER[$n]}" = fast ] && wanted+=("$n"); done
         shift ;;
     -h|--help) usage; exit 0 ;;
+    --list) list_suites; exit 0 ;;
     in-process|unit-and-in-process) wanted+=(unit); shift ;;
     client_examples|examples) wanted+=(client-examples); shift ;;
     *)

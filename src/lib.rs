@@ -1,14 +1,16 @@
 //! `idempotency`: idempotency keys, leases and message de-duplication inside the caller's
 //! own PostgreSQL transaction. The SQL contract is in docs/reference.md.
 //!
-//! Layers, each using only the ones below it:
+//! Layers, each using only the ones below it (and, inside the glue, `spi`):
 //! - `api`: what SQL sees, one module per group of functions;
-//! - `spi`, `jsonb`, `settings`: the glue to the server (statements, datums, settings);
+//! - `spi`, `jsonb`, `settings`, `deployment`, `wakeup`: the glue to the server (statements,
+//!   datums, settings, where the tables live, waking the claims that wait);
 //! - `jcs`, `validate`, `record`, `errors`: pure rules, tested with a plain `cargo test`.
 
 use pgrx::prelude::*;
 
 mod api;
+mod deployment;
 mod errors;
 mod jcs;
 mod jsonb;

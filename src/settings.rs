@@ -183,8 +183,8 @@ unsafe fn check_interval(
 
 /// Memory for a check hook's "extra" value, which the GUC machinery frees itself: with
 /// free() up to PostgreSQL 15, with guc_free() (GUC's own memory context) from 16 on, so it
-/// must come from malloc, or from guc_malloc. NULL when out of memory. This is the only code
-/// that differs by major version.
+/// must come from malloc, or from guc_malloc. NULL when out of memory. One of the two places
+/// that differ by major (the other: wakeup.rs's proc_of); suites build 15 and 18 only.
 unsafe fn guc_extra(size: usize) -> *mut c_void {
     #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
     return libc::malloc(size);

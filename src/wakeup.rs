@@ -100,7 +100,9 @@ fn wake_holders(tag: &pg_sys::LOCKTAG) {
     }
 }
 
-// The one place where majors differ: how a virtual transaction id names its backend.
+// How a virtual transaction id names its backend differs by major (as does settings.rs's
+// guc_extra). Suites build and run 15 and 18 only (docs/versions.md); the arms for 13, 14,
+// 16 and 17 follow pgrx's bindings but nothing here builds them.
 #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15", feature = "pg16"))]
 unsafe fn proc_of(vxid: pg_sys::VirtualTransactionId) -> *mut pg_sys::PGPROC {
     extern "C-unwind" {

@@ -9,15 +9,13 @@
 //! answer into a wait for the owner's record to change (src/api/wait.rs).
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
-use pgrx::heap_tuple::PgHeapTuple;
 use pgrx::pg_sys::{self, INT4OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
 use pgrx::spi::{SpiClient, SpiTupleTable};
-use pgrx::{AllocatedByRust, IntoDatum, PgTupleDesc};
 
+use crate::api::claim_result::Answer;
 use crate::api::wait;
 use crate::errors::{IdemError, OrRaise};
-use crate::jsonb::Jsonb;
 use crate::record::{Outcome, Status};
 use crate::spi::{self, get, get_not_null, Kind, Statement};
 use crate::{settings, validate};
@@ -92,9 +90,8 @@ static TAKE_OVER: Statement = Statement {
 };
 
 // SQL's idem_claim (since 0.4.0, with wait and token). Its C symbol is new
-// (idem_claim_wait_token_wrapper) so that databases still on an older release, whose
-// five-argument idem_claim calls idem_claim_wrapper, keep working with this library until
-// ALTER EXTENSION idempotency UPDATE.
+// (idem_claim_wait_token_wrapper): the five-argument idem_claim of older releases calls
+// idem_claim_wrapper, which src/api/compat.rs keeps.
 #[pg_extern(volatile, parallel_unsafe, name = "idem_claim")]
 #[allow(clippy::too_many_arguments)]
 fn idem_claim_wait_token(
@@ -108,20 +105,6 @@ fn idem_claim_wait_token(
     token: default!(Option<Uuid>, "NULL"),
 ) -> pgrx::composite_type!('static, "idempotency.claim_result") {
     claim(scope, key, fingerprint, ttl, lease, wait, token).or_raise().into_tuple(fcinfo)
-}
-
-/// idem_claim of releases 0.1.0 to 0.3.0 (five arguments), for their databases until they
-/// are updated: not in the install script.
-#[pg_extern(sql = false)]
-fn idem_claim(
-    fcinfo: pg_sys::FunctionCallInfo,
-    scope: Option<&str>,
-    key: Option<&str>,
-    fingerprint: Option<&str>,
-    ttl: Option<Interval>,
-    lease: Option<Interval>,
-) -> pgrx::composite_type!('static, "idempotency.claim_result") {
-    claim(scope, key, fingerprint, ttl, lease, None, None).or_raise().into_tuple(fcinfo)
 }
 
 /// The columns of READ that decide the answer.
@@ -150,9 +133,9 @@ impl Stored {
 }
 
 /// What a claim asks for, checked.
-pub(crate) struct Request<'a> {
-    pub(crate) scope: &'a str,
-    pub(crate) key: &'a str,
+struct Request<'a> {
+    scope: &'a str,
+    key: &'a str,
     fingerprint: Option<&'a str>,
     ttl: Interval,
     lease: Interval,
@@ -160,7 +143,8 @@ pub(crate) struct Request<'a> {
     token: Option<Uuid>,
 }
 
-fn claim(
+/// idem_claim with its arguments as SQL passed them (also the compat symbol's body).
+pub(super) fn claim(
     scope: Option<&str>,
     key: Option<&str>,
     fingerprint: Option<&str>,
@@ -182,7 +166,7 @@ fn claim(
     let answer = Spi::connect_mut(|client| claim_at(client, &request, spi::now()))?;
     match wait {
         Some(micros) if answer.outcome == Outcome::InProgress && wait::can_wait() => {
-            wait::until_changed(&request, micros, |now| {
+            wait::until_changed(request.scope, request.key, micros, |now| {
                 Spi::connect_mut(|client| claim_at(client, &request, now))
             })
         }
@@ -329,93 +313,4 @@ fn claim_at(
 /// Tombstones on, and the tombstone of a record that expired at `expired_at` still lasts.
 fn tombstone_lasts(expired_at: TimestampWithTimeZone, now: TimestampWithTimeZone) -> bool {
     settings::tombstone_ttl().is_some_and(|ttl| expired_at + ttl > now)
-}
-
-/// One `idempotency.claim_result`, before it becomes a tuple.
-pub(crate) struct Answer {
-    pub(crate) outcome: Outcome,
-    token: Option<Uuid>,
-    http_status: Option<i32>,
-    response_status: Option<i32>,
-    response_headers: Option<Jsonb>,
-    response_body: Option<Jsonb>,
-    recovery_point: Option<String>,
-    recovery_data: Option<Jsonb>,
-    attempts: Option<i32>,
-    pub(crate) expires_at: Option<TimestampWithTimeZone>,
-    pub(crate) locked_until: Option<TimestampWithTimeZone>,
-}
-
-impl Answer {
-    /// An answer of `outcome` with every other column NULL.
-    fn empty(outcome: Outcome) -> Self {
-        Answer {
-            outcome,
-            token: None,
-            http_status: None,
-            response_status: None,
-            response_headers: None,
-            response_body: None,
-            recovery_point: None,
-            recovery_data: None,
-            attempts: None,
-            expires_at: None,
-            locked_until: None,
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn claimed(
-        outcome: Outcome,
-        token: Uuid,
-        attempts: i32,
-        locked_until: TimestampWithTimeZone,
-        expires_at: TimestampWithTimeZone,
-        recovery_point: Option<String>,
-        recovery_data: Option<Jsonb>,
-    ) -> Self {
-        Answer {
-            token: Some(token),
-            attempts: Some(attempts),
-            locked_until: Some(locked_until),
-            expires_at: Some(expires_at),
-            recovery_point,
-            recovery_data,
-            ..Answer::empty(outcome)
-        }
-    }
-
-    fn mismatch(expires_at: TimestampWithTimeZone) -> Self {
-        Answer { http_status: Some(422), expires_at: Some(expires_at), ..Answer::empty(Outcome::Mismatch) }
-    }
-
-    fn into_tuple(self, fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, AllocatedByRust> {
-        let datums = [
-            self.outcome.as_str().into_datum(),
-            self.token.into_datum(),
-            self.http_status.into_datum(),
-            self.response_status.into_datum(),
-            self.response_headers.into_datum(),
-            self.response_body.into_datum(),
-            self.recovery_point.into_datum(),
-            self.recovery_data.into_datum(),
-            self.attempts.into_datum(),
-            self.expires_at.into_datum(),
-            self.locked_until.into_datum(),
-        ];
-        // SAFETY: fcinfo is this call's; get_call_result_type gives the declared result
-        // type's descriptor (claim_result), allocated for this call; the datums match it
-        // column by column.
-        unsafe {
-            let mut tupdesc: pg_sys::TupleDesc = std::ptr::null_mut();
-            let class = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut tupdesc);
-            assert_eq!(
-                class,
-                pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE,
-                "claim_result must be a composite type"
-            );
-            PgHeapTuple::from_datums(PgTupleDesc::from_pg_unchecked(tupdesc), datums)
-                .expect("claim_result has the columns idem_claim fills")
-        }
-    }
 }

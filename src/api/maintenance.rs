@@ -7,143 +7,113 @@
 //! commands"): there the pick does not lock, and the statement that changes a picked row
 //! re-checks it under the row lock (waiting for a claim that holds the row instead of
 //! skipping it), so a row that a claim changed meanwhile is kept. Each such statement comes
-//! in both forms below, side by side (`ForEach`).
+//! in both forms (`PerDeployment`), built from one template: `picking` for the picks,
+//! `Sweep::new` for every sweep of keys and messages. src/deployment.rs says which form runs.
+
+use std::sync::LazyLock;
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{INT4OID, INT8OID, TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
+use crate::deployment::{self, Deployment, PerDeployment};
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::spi::{self, get, get_datum, get_not_null, Kind, Statement};
 use crate::{settings, validate, wakeup};
 
-/// Where a table lives.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Deployment {
-    /// A plain table on one server.
-    OneServer,
-    /// A Citus distributed table.
-    Citus,
+/// A statement that picks rows ($1 a time: a cut-off or now(); at most $2 rows), in both forms: on one server
+/// it locks the rows it picks and skips those that others hold (so it runs as a write); on
+/// Citus it picks without locking (a read). `FOR UPDATE SKIP LOCKED` goes between `head`
+/// and `tail`.
+fn picking(head: String, tail: &str, columns: &'static [&'static str]) -> PerDeployment {
+    let form = |lock: &str, kind: Kind| Statement {
+        sql: format!("{head}{lock}{tail}").leak(),
+        args: &[TIMESTAMPTZOID, INT8OID],
+        kind,
+        columns,
+    };
+    PerDeployment { one_server: form(" FOR UPDATE SKIP LOCKED", Kind::Write), citus: form("", Kind::Read) }
 }
 
-/// A statement in the form each deployment needs.
-struct ForEach {
-    one_server: Statement,
-    citus: Statement,
+/// A table that is swept: its name, and the column that names a row within its scope.
+struct Table {
+    name: &'static str,
+    id: &'static str,
 }
 
-impl ForEach {
-    fn on(&'static self, deployment: Deployment) -> &'static Statement {
-        match deployment {
-            Deployment::OneServer => &self.one_server,
-            Deployment::Citus => &self.citus,
-        }
-    }
+static KEYS: Table = Table { name: "idempotency.keys", id: "key" };
+static MESSAGES: Table = Table { name: "idempotency.messages", id: "message_id" };
+
+/// What a sweep does to the rows it picked.
+enum Change {
+    Delete,
+    /// Keep the row as a tombstone: drop its response and its checkpoint.
+    DropResponse,
 }
 
 /// Sweeping a table is two statements so that each batch costs its own size, not the
-/// backlog's: `pick` at most $2 expired rows ($1 is the cut-off, now() without tombstones),
-/// then `apply` to exactly those by primary key ($1 scopes, $2 keys or message ids, $3 the
-/// cut-off), if they are still past it: delete them, or turn them into tombstones. On
-/// Citus, `scope = ANY($1)` lets the statement go only to the shards of the batch.
+/// backlog's: `pick` at most $2 rows of `filter` ($1 is the cut-off, now() without
+/// tombstones), then `apply` the change to exactly those by primary key ($1 scopes, $2 keys
+/// or message ids, $3 the cut-off), if they still match and are still past the cut-off.
 struct Sweep {
-    pick: ForEach,
-    apply: ForEach,
+    pick: PerDeployment,
+    apply: PerDeployment,
 }
 
-static SWEEP_KEYS: Sweep = Sweep {
-    pick: ForEach {
-        one_server: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Write,
-            columns: &["scopes", "ids"],
-        },
-        citus: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Read,
-            columns: &["scopes", "ids"],
-        },
-    },
-    apply: ForEach {
-        one_server: Statement {
-            sql: "DELETE FROM idempotency.keys AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
+impl Sweep {
+    /// The one template of every sweep, for both tables and both deployments: `pick` the
+    /// rows of `table` that match `filter`, in `order`; `apply` makes `change` to those that
+    /// still match `also` (what it re-checks of `filter` besides the cut-off, on the row `t`).
+    /// On Citus, `scope = ANY($1)` lets `apply` go only to the shards of the batch.
+    fn new(table: &Table, filter: &str, order: &str, change: Change, also: &str) -> Sweep {
+        let (name, id) = (table.name, table.id);
+        let pick = picking(
+            format!(
+                "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg({id}) AS ids \
+                 FROM (SELECT scope, {id} FROM {name} WHERE {filter} ORDER BY {order} LIMIT $2"
+            ),
+            ") AS picked",
+            &["scopes", "ids"],
+        );
+        let change = match change {
+            Change::Delete => format!("DELETE FROM {name} AS t USING"),
+            Change::DropResponse => format!(
+                "UPDATE {name} AS t SET response_body = NULL, response_headers = NULL, \
+                 recovery_point = NULL, recovery_data = NULL FROM"
+            ),
+        };
+        let apply = |shards: &str| Statement {
+            sql: format!(
+                "{change} ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
+                 WHERE {shards}t.scope OPERATOR(pg_catalog.=) picked.scope \
+                   AND t.{id} OPERATOR(pg_catalog.=) picked.id{also} \
+                   AND t.expires_at OPERATOR(pg_catalog.<=) $3"
+            )
+            .leak(),
             args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
             kind: Kind::Write,
             columns: &[],
-        },
-        citus: Statement {
-            sql: "DELETE FROM idempotency.keys AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
-                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-    },
-};
+        };
+        Sweep {
+            pick,
+            apply: PerDeployment {
+                one_server: apply(""),
+                citus: apply("t.scope OPERATOR(pg_catalog.=) ANY ($1) AND "),
+            },
+        }
+    }
 
-static SWEEP_MESSAGES: Sweep = Sweep {
-    pick: ForEach {
-        one_server: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(message_id) AS ids \
-                  FROM (SELECT scope, message_id FROM idempotency.messages \
-                        WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Write,
-            columns: &["scopes", "ids"],
-        },
-        citus: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(message_id) AS ids \
-                  FROM (SELECT scope, message_id FROM idempotency.messages \
-                        WHERE expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Read,
-            columns: &["scopes", "ids"],
-        },
-    },
-    apply: ForEach {
-        one_server: Statement {
-            sql: "DELETE FROM idempotency.messages AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.message_id OPERATOR(pg_catalog.=) picked.id \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-        citus: Statement {
-            sql: "DELETE FROM idempotency.messages AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
-                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.message_id OPERATOR(pg_catalog.=) picked.id \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-    },
-};
+    /// Deletes the rows of `table` that expired by the cut-off.
+    fn expired(table: &Table) -> Sweep {
+        Sweep::new(table, "expires_at OPERATOR(pg_catalog.<=) $1", "expires_at", Change::Delete, "")
+    }
+}
+
+// The statements are built once per backend, on first use.
+static SWEEP_KEYS: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&KEYS));
+static SWEEP_MESSAGES: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&MESSAGES));
 
 // Tombstones on (idempotency.tombstone_ttl). SWEEP_KEYS with the cut-off now() - tombstone_ttl
 // deletes the tombstones past their end (and every other record expired that long ago); the
@@ -151,136 +121,44 @@ static SWEEP_MESSAGES: Sweep = Sweep {
 // records that expired drop their response (and checkpoint), keeping what a tombstone answers
 // with: fingerprint, status, token, attempts, response_status and the times.
 
-static SWEEP_EXPIRED_CLAIMS: Sweep = Sweep {
-    pick: ForEach {
-        one_server: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
-                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Write,
-            columns: &["scopes", "ids"],
-        },
-        citus: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
-                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY locked_until LIMIT $2) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Read,
-            columns: &["scopes", "ids"],
-        },
-    },
-    apply: ForEach {
-        one_server: Statement {
-            sql: "DELETE FROM idempotency.keys AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.status OPERATOR(pg_catalog.=) 'in_progress' \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-        citus: Statement {
-            sql: "DELETE FROM idempotency.keys AS t \
-                  USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
-                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.status OPERATOR(pg_catalog.=) 'in_progress' \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-    },
-};
+static SWEEP_EXPIRED_CLAIMS: LazyLock<Sweep> = LazyLock::new(|| {
+    Sweep::new(
+        &KEYS,
+        "status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
+         AND expires_at OPERATOR(pg_catalog.<=) $1",
+        "locked_until",
+        Change::Delete,
+        " AND t.status OPERATOR(pg_catalog.=) 'in_progress'",
+    )
+});
 
 // Picks through keys_responses_idx (its predicate is spelled the same), so the tombstones
 // already made are not stepped over.
-static MAKE_TOMBSTONES: Sweep = Sweep {
-    pick: ForEach {
-        one_server: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE (response_body IS NOT NULL OR response_headers IS NOT NULL) \
-                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Write,
-            columns: &["scopes", "ids"],
-        },
-        citus: Statement {
-            sql: "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg(key) AS ids \
-                  FROM (SELECT scope, key FROM idempotency.keys \
-                        WHERE (response_body IS NOT NULL OR response_headers IS NOT NULL) \
-                          AND expires_at OPERATOR(pg_catalog.<=) $1 \
-                        ORDER BY expires_at LIMIT $2) AS picked",
-            args: &[TIMESTAMPTZOID, INT8OID],
-            kind: Kind::Read,
-            columns: &["scopes", "ids"],
-        },
-    },
-    apply: ForEach {
-        one_server: Statement {
-            sql: "UPDATE idempotency.keys AS t \
-                  SET response_body = NULL, response_headers = NULL, \
-                      recovery_point = NULL, recovery_data = NULL \
-                  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.status OPERATOR(pg_catalog.=) 'completed' \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-        citus: Statement {
-            sql: "UPDATE idempotency.keys AS t \
-                  SET response_body = NULL, response_headers = NULL, \
-                      recovery_point = NULL, recovery_data = NULL \
-                  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                  WHERE t.scope OPERATOR(pg_catalog.=) ANY ($1) \
-                    AND t.scope OPERATOR(pg_catalog.=) picked.scope \
-                    AND t.key OPERATOR(pg_catalog.=) picked.id \
-                    AND t.status OPERATOR(pg_catalog.=) 'completed' \
-                    AND t.expires_at OPERATOR(pg_catalog.<=) $3",
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
-            kind: Kind::Write,
-            columns: &[],
-        },
-    },
-};
+static MAKE_TOMBSTONES: LazyLock<Sweep> = LazyLock::new(|| {
+    Sweep::new(
+        &KEYS,
+        "(response_body IS NOT NULL OR response_headers IS NOT NULL) \
+         AND expires_at OPERATOR(pg_catalog.<=) $1",
+        "expires_at",
+        Change::DropResponse,
+        " AND t.status OPERATOR(pg_catalog.=) 'completed'",
+    )
+});
 
 /// Live in_progress claims whose lease ended, oldest lease first; $1 now, $2 max rows.
 /// RELEASE_STALE and TAKE_OVER_STALE re-check them under the row lock.
-static STALE: ForEach = ForEach {
-    one_server: Statement {
-        sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
-              WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
-                AND locked_until OPERATOR(pg_catalog.<=) $1 \
-                AND expires_at OPERATOR(pg_catalog.>) $1 \
-              ORDER BY locked_until LIMIT $2 FOR UPDATE SKIP LOCKED",
-        args: &[TIMESTAMPTZOID, INT8OID],
-        kind: Kind::Write,
-        columns: &["scope", "key", "token", "attempts"],
-    },
-    citus: Statement {
-        sql: "SELECT scope, key, token, attempts FROM idempotency.keys \
-              WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
-                AND locked_until OPERATOR(pg_catalog.<=) $1 \
-                AND expires_at OPERATOR(pg_catalog.>) $1 \
-              ORDER BY locked_until LIMIT $2",
-        args: &[TIMESTAMPTZOID, INT8OID],
-        kind: Kind::Read,
-        columns: &["scope", "key", "token", "attempts"],
-    },
-};
+static STALE: LazyLock<PerDeployment> = LazyLock::new(|| {
+    picking(
+        "SELECT scope, key, token, attempts FROM idempotency.keys \
+         WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
+           AND locked_until OPERATOR(pg_catalog.<=) $1 \
+           AND expires_at OPERATOR(pg_catalog.>) $1 \
+         ORDER BY locked_until LIMIT $2"
+            .to_string(),
+        "",
+        &["scope", "key", "token", "attempts"],
+    )
+});
 
 // The same on every deployment (each touches one scope, so one shard on Citus): while
 // (scope $1, key $2) is still the stale claim of token $3 at time $4, release it ...
@@ -310,48 +188,6 @@ static TAKE_OVER_STALE: Statement = Statement {
     kind: Kind::Write,
     columns: &["recovery_point", "recovery_data"],
 };
-
-static CITUS_INSTALLED: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension \
-                         WHERE extname OPERATOR(pg_catalog.=) 'citus') AS installed",
-    args: &[],
-    kind: Kind::Read,
-    columns: &["installed"],
-};
-
-// Names a Citus catalog: prepared and run only where Citus is installed.
-static DISTRIBUTED: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition \
-                         WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass) AS keys, \
-                 EXISTS (SELECT FROM pg_catalog.pg_dist_partition \
-                         WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.messages'::pg_catalog.regclass) AS messages",
-    args: &[],
-    kind: Kind::Read,
-    columns: &["keys", "messages"],
-};
-
-/// Where idempotency.keys and idempotency.messages live.
-struct Tables {
-    keys: Deployment,
-    messages: Deployment,
-}
-
-fn tables(client: &mut SpiClient<'_>) -> Tables {
-    let citus: bool =
-        get(&spi::run(client, &CITUS_INSTALLED, &[]).first(), &CITUS_INSTALLED, "installed").unwrap_or(false);
-    if !citus {
-        return Tables { keys: Deployment::OneServer, messages: Deployment::OneServer };
-    }
-    let row = spi::run(client, &DISTRIBUTED, &[]).first();
-    let on = |distributed: Option<bool>| {
-        if distributed.unwrap_or(false) {
-            Deployment::Citus
-        } else {
-            Deployment::OneServer
-        }
-    };
-    Tables { keys: on(get(&row, &DISTRIBUTED, "keys")), messages: on(get(&row, &DISTRIBUTED, "messages")) }
-}
 
 /// Deletes expired records; with tombstones on, turns expired completed records into
 /// tombstones and deletes tombstones past their end. Returns the rows it changed.
@@ -399,7 +235,7 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     spi::require_primary("idem_sweep")?;
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
-        let tables = tables(client);
+        let tables = deployment::tables(client);
         let keys = match settings::tombstone_ttl() {
             None => sweep_table(client, &SWEEP_KEYS, tables.keys, now, budget),
             Some(ttl) => sweep_keys_keeping_tombstones(client, tables.keys, now, ttl, budget),
@@ -462,7 +298,7 @@ fn reclaim_stale(
     let now = spi::now();
     let locked_until = now + lease;
     Ok(Spi::connect_mut(|client| {
-        let pick = STALE.on(tables(client).keys);
+        let pick = STALE.on(deployment::tables(client).keys);
         let stale: Vec<(String, String, Uuid, i32)> = spi::run(client, pick, &[now.into(), budget.into()])
             .map(|row| {
                 (

@@ -1,7 +1,12 @@
 //! What SQL sees: the `#[pg_extern]` functions. Each checks its arguments (`validate`),
 //! runs its statements (`spi`) and raises any error at the very top (`OrRaise`).
+//!
+//! Inside: `claim` uses `wait` (idem_claim's `wait`), and both use `claim_result` (the row
+//! they answer with); `compat` (symbols for older releases' SQL) uses `claim`.
 
 mod claim;
+mod claim_result;
+mod compat;
 mod fingerprint;
 mod lifecycle;
 mod lookup;

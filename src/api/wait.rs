@@ -11,7 +11,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 
-use crate::api::claim::{Answer, Request};
+use crate::api::claim_result::Answer;
 use crate::errors::IdemError;
 use crate::record::Outcome;
 use crate::wakeup;
@@ -26,15 +26,16 @@ pub fn can_wait() -> bool {
     unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
 }
 
-/// Called after a claim of `request` answered `in_progress`: waits up to `wait_micros` for
-/// the record to change; `claim_at(now)` claims again as of `now`.
+/// Called after a claim of (scope, key) answered `in_progress`: waits up to `wait_micros`
+/// for the record to change; `claim_at(now)` claims again as of `now`.
 pub fn until_changed(
-    request: &Request<'_>,
+    scope: &str,
+    key: &str,
     wait_micros: i64,
     mut claim_at: impl FnMut(TimestampWithTimeZone) -> Result<Answer, IdemError>,
 ) -> Result<Answer, IdemError> {
     let deadline = clock().saturating_add(wait_micros);
-    let tag = wakeup::tag(request.scope, request.key);
+    let tag = wakeup::tag(scope, key);
     let listening = wakeup::listen(&tag);
     // The first read happened before we listened: read once more before sleeping, so a
     // commit in between is not missed.

@@ -8,139 +8,83 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::to_bytes;
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderName};
+use axum::http::HeaderName;
 use axum::response::Response;
 use deadpool_postgres::Pool;
-use tokio::sync::OnceCell;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client::{self, Features};
+use crate::client;
 use crate::key;
 use crate::response::problem;
 use crate::run::{committed_first, error_response, same_transaction, Claiming};
-
-/// How a route claims its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Claim, the handler's writes and the stored response commit in one transaction.
-    SameTransaction,
-    /// The claim commits at once with a lease (renewed while the handler runs); the response
-    /// is stored after the handler.
-    CommittedFirst,
-}
-
-/// What a 5xx answer of the handler does to the claim, unless the handler marked it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnServerError {
-    /// Give the key back (the default): the next request runs as new.
-    Release,
-    /// Store it: retries get the same 5xx.
-    Store,
-}
-
-/// Computes the scope of a request, or answers it at once (for example 401 without a tenant).
-pub type ScopeFn = Arc<dyn Fn(&Parts) -> Result<String, Response> + Send + Sync>;
-
-/// `METHOD /route/template` (axum's matched path, or the request path outside a router).
-pub fn route_of(parts: &Parts) -> String {
-    let path = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_owned())
-        .unwrap_or_else(|| parts.uri.path().to_owned());
-    format!("{} {}", parts.method, path)
-}
+use crate::settings::{Mode, OnServerError, Settings};
 
 /// The layer and its settings (a builder: every setter returns the changed layer).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    pub(crate) pool: Pool,
-    pub(crate) mode: Mode,
-    pub(crate) lease: Duration,
-    pub(crate) ttl: Option<Duration>,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) lock_timeout: Duration,
-    pub(crate) ignore: Vec<String>,
-    pub(crate) replay_headers: Vec<HeaderName>,
-    pub(crate) on_server_error: OnServerError,
-    pub(crate) scope: ScopeFn,
-    pub(crate) max_body: usize,
-    pub(crate) features: Arc<OnceCell<Features>>,
+    settings: Settings,
 }
 
 impl IdempotencyLayer {
     /// Same-transaction mode, scope `METHOD /template`, replayed headers Location and
     /// Content-Type, lease 30 s (committed first), 5xx released, bodies up to 1 MiB.
     pub fn new(pool: Pool) -> Self {
-        IdempotencyLayer {
-            pool,
-            mode: Mode::SameTransaction,
-            lease: Duration::from_secs(30),
-            ttl: None,
-            wait: None,
-            lock_timeout: Duration::from_secs(5),
-            ignore: Vec::new(),
-            replay_headers: vec![header::LOCATION, header::CONTENT_TYPE],
-            on_server_error: OnServerError::Release,
-            scope: Arc::new(|parts| Ok(route_of(parts))),
-            max_body: 1 << 20,
-            features: Arc::new(OnceCell::new()),
-        }
+        IdempotencyLayer { settings: Settings::new(pool) }
     }
     pub fn same_transaction(mut self) -> Self {
-        self.mode = Mode::SameTransaction;
+        self.settings.mode = Mode::SameTransaction;
         self
     }
     /// Committed-first mode with this lease (renewed every third of it while the handler runs).
     pub fn committed_first(mut self, lease: Duration) -> Self {
-        self.mode = Mode::CommittedFirst;
-        self.lease = lease.max(Duration::from_millis(100));
+        self.settings.mode = Mode::CommittedFirst;
+        self.settings.lease = lease.max(Duration::from_millis(100));
         self
     }
     /// The record's time to live (default: the setting `idempotency.default_ttl`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.settings.ttl = Some(ttl);
         self
     }
     /// Duplicates wait up to this long for the first request (extension 0.4.0 and later;
     /// ignored before), instead of answering 409 at once.
     pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = Some(wait);
+        self.settings.wait = Some(wait);
         self
     }
     /// Same transaction: how long a duplicate waits behind the first one's open transaction
     /// before it answers 409 (default 5 s).
     pub fn lock_timeout(mut self, d: Duration) -> Self {
-        self.lock_timeout = d;
+        self.settings.lock_timeout = d;
         self
     }
     /// Top-level JSON fields left out of the fingerprint.
     pub fn ignore_fields(mut self, fields: &[&str]) -> Self {
-        self.ignore = fields.iter().map(|f| f.to_string()).collect();
+        self.settings.ignore = fields.iter().map(|f| f.to_string()).collect();
         self
     }
     /// Response headers stored and replayed (default Location, Content-Type).
     pub fn replay_headers(mut self, names: &[HeaderName]) -> Self {
-        self.replay_headers = names.to_vec();
+        self.settings.replay_headers = names.to_vec();
         self
     }
     pub fn on_server_error(mut self, what: OnServerError) -> Self {
-        self.on_server_error = what;
+        self.settings.on_server_error = what;
         self
     }
-    /// The scope of a request (default [`route_of`]); an `Err` response is sent as it is.
+    /// The scope of a request (default [`route_of`](crate::route_of)); an `Err` response is sent as it is.
     pub fn scope<F>(mut self, f: F) -> Self
     where
         F: Fn(&Parts) -> Result<String, Response> + Send + Sync + 'static,
     {
-        self.scope = Arc::new(f);
+        self.settings.scope = Arc::new(f);
         self
     }
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.max_body = bytes;
+        self.settings.max_body = bytes;
         self
     }
 }
@@ -148,7 +92,7 @@ impl IdempotencyLayer {
 impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotent<S>;
     fn layer(&self, inner: S) -> Idempotent<S> {
-        Idempotent { inner, cfg: Arc::new(self.clone()) }
+        Idempotent { inner, cfg: Arc::new(self.settings.clone()) }
     }
 }
 
@@ -156,7 +100,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 #[derive(Clone)]
 pub struct Idempotent<S> {
     inner: S,
-    cfg: Arc<IdempotencyLayer>,
+    cfg: Arc<Settings>,
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -204,7 +148,7 @@ fn key_problem(e: &key::KeyError) -> Response {
     )
 }
 
-async fn handle<S>(cfg: Arc<IdempotencyLayer>, inner: S, req: Request) -> Response
+async fn handle<S>(cfg: Arc<Settings>, inner: S, req: Request) -> Response
 where
     S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,

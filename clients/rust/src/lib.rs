@@ -17,8 +17,10 @@ pub mod key;
 mod layer;
 pub mod response;
 mod run;
+mod settings;
 
 pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};
 pub use error::Error;
 pub use handle::{Db, Disposition, Idem};
-pub use layer::{route_of, IdempotencyLayer, Idempotent, Mode, OnServerError, ScopeFn};
+pub use layer::{IdempotencyLayer, Idempotent};
+pub use settings::{route_of, Mode, OnServerError, ScopeFn};

@@ -18,8 +18,8 @@ use tower_service::Service;
 use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
 use crate::error::Error;
 use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
-use crate::layer::{IdempotencyLayer, Mode, OnServerError};
 use crate::response::{body_bytes, from_stored, in_progress, problem, to_stored};
+use crate::settings::{Mode, OnServerError, Settings};
 
 pub(crate) fn error_response(what: &str, e: &Error) -> Response {
     if e.retryable() {
@@ -58,7 +58,7 @@ pub(crate) fn answer_without_work(c: &Claim) -> Response {
 }
 
 pub(crate) struct Claiming<'a> {
-    pub(crate) cfg: &'a IdempotencyLayer,
+    pub(crate) cfg: &'a Settings,
     pub(crate) features: Features,
     pub(crate) scope: String,
     pub(crate) key: String,

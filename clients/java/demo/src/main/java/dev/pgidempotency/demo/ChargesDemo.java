@@ -2,13 +2,11 @@ package dev.pgidempotency.demo;
 
 import com.zaxxer.hikari.HikariConfig;
 import com.zaxxer.hikari.HikariDataSource;
+import dev.pgidempotency.DatabaseUrl;
 import dev.pgidempotency.http.HttpProblemException;
 import dev.pgidempotency.servlet.IdempotencyFilter;
 import dev.pgidempotency.servlet.Mode;
 import dev.pgidempotency.servlet.RouteOptions;
-import java.net.URI;
-import java.net.URLDecoder;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.sql.Connection;
@@ -44,6 +42,20 @@ public final class ChargesDemo {
 
     public static void main(String[] args) throws Exception {
         Options o = options(args);
+        Tomcat tomcat;
+        try {
+            tomcat = start(o);
+        } catch (Exception e) {
+            System.err.println("demo (java): cannot start on " + o.host() + ":" + o.port() + ": " + e);
+            System.exit(1);
+            return;
+        }
+        System.err.println("demo (java): listening on http://" + o.host() + ":" + o.port());
+        tomcat.getServer().await();
+    }
+
+    /** Opens the pool, makes the table and starts Tomcat with the routes and the filter. */
+    static Tomcat start(Options o) throws Exception {
         HikariDataSource ds = new HikariDataSource(hikari(o.databaseUrl()));
         try (Connection db = ds.getConnection(); Statement st = db.createStatement()) {
             st.execute(SCHEMA);
@@ -64,7 +76,6 @@ public final class ChargesDemo {
         connector.setPort(o.port());
         connector.setThrowOnFailure(true);
         tomcat.setConnector(connector);
-        tomcat.getService().addConnector(connector);
         Context ctx = tomcat.addContext("", null);
         Tomcat.addServlet(ctx, "charges", new ChargesServlet(ds, o.faults()));
         ctx.addServletMapping("/", "charges");
@@ -76,14 +87,8 @@ public final class ChargesDemo {
         map.setFilterName("idempotency");
         map.addURLPattern("/*");
         ctx.addFilterMap(map);
-        try {
-            tomcat.start();
-        } catch (Exception e) {
-            System.err.println("demo (java): cannot listen on " + o.host() + ":" + o.port() + ": " + e.getMessage());
-            System.exit(1);
-        }
-        System.err.println("demo (java): listening on http://" + o.host() + ":" + o.port());
-        tomcat.getServer().await();
+        tomcat.start();
+        return tomcat;
     }
 
     static Options options(String[] args) {
@@ -146,35 +151,13 @@ public final class ChargesDemo {
         System.exit(2);
     }
 
-    /**
-     * A libpq-style URL (postgresql://user:password@host:port/db?options) as HikariCP's settings.
-     * prepareThreshold=0: pgjdbc then never makes server-side prepared statements, which PgBouncer
-     * in transaction pooling mode would hand to other clients' sessions.
-     */
     static HikariConfig hikari(String databaseUrl) {
-        URI u = URI.create(databaseUrl);
-        if (!"postgresql".equals(u.getScheme()) && !"postgres".equals(u.getScheme())) {
-            fail("--database-url: expected postgresql://..., got " + databaseUrl);
-        }
         HikariConfig c = new HikariConfig();
-        String db = u.getPath() == null || u.getPath().length() <= 1 ? "postgres" : u.getPath().substring(1);
-        c.setJdbcUrl("jdbc:postgresql://" + (u.getHost() == null ? "localhost" : u.getHost())
-                + (u.getPort() > 0 ? ":" + u.getPort() : "") + "/" + db);
-        if (u.getRawUserInfo() != null) {
-            String[] up = u.getRawUserInfo().split(":", 2);
-            c.setUsername(URLDecoder.decode(up[0], StandardCharsets.UTF_8));
-            if (up.length > 1) {
-                c.setPassword(URLDecoder.decode(up[1], StandardCharsets.UTF_8));
-            }
+        try {
+            c.setJdbcUrl(DatabaseUrl.toJdbc(databaseUrl));
+        } catch (IllegalArgumentException e) {
+            fail("--database-url: " + e.getMessage());
         }
-        if (u.getRawQuery() != null) {
-            for (String kv : u.getRawQuery().split("&")) {
-                String[] p = kv.split("=", 2);
-                c.addDataSourceProperty(URLDecoder.decode(p[0], StandardCharsets.UTF_8),
-                        p.length > 1 ? URLDecoder.decode(p[1], StandardCharsets.UTF_8) : "");
-            }
-        }
-        c.addDataSourceProperty("prepareThreshold", "0");
         c.setMaximumPoolSize(24);
         c.setConnectionTimeout(5000);
         c.setInitializationFailTimeout(-1); // start even while the database is down: requests get 503

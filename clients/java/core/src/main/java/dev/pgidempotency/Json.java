@@ -229,7 +229,7 @@ public final class Json {
         }
 
         Object value(int depth) {
-            if (depth > MAX_DEPTH) {
+            if (depth >= MAX_DEPTH) {
                 throw error("nested deeper than " + MAX_DEPTH);
             }
             if (pos >= s.length()) {

@@ -22,7 +22,7 @@
 #   meta          META.json against Cargo.toml, the control file, the changelog
 #   package       the .deb for 15 (dpkg -i / -r, lintian) and the tarball for 18
 #   monitoring    prometheus-postgres-exporter scraped, alert rules (promtool)
-#   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
+#   python-client / node-client / rust-client / java-client   the client packages (on 15, with PgBouncer)
 #   migrate       a 15 database moved to 18 by dump and restore (after both majors)
 #   portable      the portable (plain SQL) edition on 15 and 18 (after both majors)
 # Before a major's suites that need it, the extension is built and installed (release) into
@@ -80,6 +80,7 @@ register_suites() {
     register python-client   15   full ext     clients/python/test.sh
     register node-client     15   full ext     clients/node/test.sh
     register rust-client     15   full ext     clients/rust/test.sh
+    register java-client     15   full ext     clients/java/test.sh
     register e2e-apps        15   full ext     e2e_apps
     register claim-retry     each full cluster claim_retry
     register migrate         after full ext    tests/migrate/run.sh

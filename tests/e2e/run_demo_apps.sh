@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The black-box HTTP suite (tests/e2e/run.py) against every client package's demo app, one
 # after the other: Rust (clients/rust examples/demo), Python (FastAPI and Django), Node
-# (Express and Fastify). An app whose runtime is not set up here (the package's own test.sh
+# (Express and Fastify), Java (clients/java demo, built here with mvn). An app whose runtime is not set up here (the package's own test.sh
 # builds it: cargo, the venv clients/python/.venv or $IDEM_PY_PYTHON, clients/node/node_modules)
 # is skipped with the reason, never counted as passed.
 # Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 55490) to +3.
@@ -53,6 +53,16 @@ for app in express fastify; do
         skip "node-$app" "clients/node/node_modules/$app is missing (clients/node/test.sh runs npm ci)"
     fi
 done
+
+if command -v java >/dev/null && command -v mvn >/dev/null; then
+    if (cd "$root/clients/java" && mvn -B -q -ntp package -DskipTests); then
+        run_app java-demo "java -jar $root/clients/java/demo/target/idempotency-demo.jar"
+    else
+        failed=$((failed + 1)); echo "FAIL e2e-java-demo: the demo app does not build"
+    fi
+else
+    skip java-demo "no java or mvn here (scripts/install-deps.sh installs OpenJDK 17 and Maven)"
+fi
 
 [ "$skipped" -gt 0 ] && echo "($skipped demo apps skipped)"
 echo "e2e-apps: $passed passed, $failed failed"

@@ -47,10 +47,10 @@ pgbouncer_start "$dir" "$bouncer_port" "$pg_port"
 echo "== mvn verify (clients/java)"
 status=0
 cd "$here"
-rm -rf ./*/target/surefire-reports
+
 DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
 PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
-    mvn -B -q -ntp verify || status=$?
+    mvn -B -q -ntp clean verify || status=$?
 
 # Surefire's counts, summed over every module's reports; skipped tests are listed with the reason.
 read -r tests failures errors skipped < <(/usr/bin/python3 - ./*/target/surefire-reports/TEST-*.xml <<'PY'

@@ -77,8 +77,7 @@ public final class ChargesDemo {
         connector.setThrowOnFailure(true);
         tomcat.setConnector(connector);
         Context ctx = tomcat.addContext("", null);
-        Tomcat.addServlet(ctx, "charges", new ChargesServlet(ds, o.faults()));
-        ctx.addServletMapping("/", "charges");
+        Tomcat.addServlet(ctx, "charges", new ChargesServlet(ds, o.faults())).addMapping("/");
         FilterDef def = new FilterDef();
         def.setFilterName("idempotency");
         def.setFilter(filter);

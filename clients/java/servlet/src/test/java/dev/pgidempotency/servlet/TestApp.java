@@ -37,8 +37,7 @@ final class TestApp implements AutoCloseable {
         connector.setThrowOnFailure(true);
         tomcat.setConnector(connector);
         Context ctx = tomcat.addContext("", null);
-        Tomcat.addServlet(ctx, "app", new AppServlet(ds));
-        ctx.addServletMapping("/", "app");
+        Tomcat.addServlet(ctx, "app", new AppServlet(ds)).addMapping("/");
         FilterDef def = new FilterDef();
         def.setFilterName("idempotency");
         def.setFilter(filter);

@@ -50,7 +50,7 @@ cd "$here"
 
 DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
 PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
-    mvn -B -q -ntp clean verify || status=$?
+    mvn -B -q -ntp -Dstyle.color=never clean verify || status=$?
 
 # Surefire's counts, summed over every module's reports; skipped tests are listed with the reason.
 read -r tests failures errors skipped < <(/usr/bin/python3 - ./*/target/surefire-reports/TEST-*.xml <<'PY'

@@ -50,7 +50,9 @@ cd "$here"
 
 DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
 PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
-    mvn -B -q -ntp -Dstyle.color=never clean verify || status=$?
+    mvn -B -q -ntp clean verify >"$dir/mvn.log" 2>&1 || status=$?
+# Maven 3.8 prints colour resets even in batch mode, without a newline: drop them.
+sed 's/\x1b\[[0-9;]*m//g' "$dir/mvn.log"
 
 # Surefire's counts, summed over every module's reports; skipped tests are listed with the reason.
 read -r tests failures errors skipped < <(/usr/bin/python3 - ./*/target/surefire-reports/TEST-*.xml <<'PY'

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The black-box HTTP suite (tests/e2e/run.py) against every client package's demo app, one
 # after the other: Rust (clients/rust examples/demo), Python (FastAPI and Django), Node
-# (Express and Fastify), Java (clients/java demo, built here with mvn). An app whose runtime is not set up here (the package's own test.sh
-# builds it: cargo, the venv clients/python/.venv or $IDEM_PY_PYTHON, clients/node/node_modules)
-# is skipped with the reason, never counted as passed.
+# (Express and Fastify), Java (clients/java demo, built here with mvn). An app whose runtime is
+# not set up here (the package's own test.sh builds it: cargo, the venv clients/python/.venv or
+# $IDEM_PY_PYTHON, clients/node/node_modules; java and mvn) is skipped with the reason, never
+# counted as passed.
 # Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 55490) to +3.
 # Last line: "e2e-apps: N passed, M failed".
 set -uo pipefail

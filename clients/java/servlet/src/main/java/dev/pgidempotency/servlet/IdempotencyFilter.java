@@ -70,7 +70,8 @@ public final class IdempotencyFilter implements Filter {
         this.routes = Collections.unmodifiableMap(new java.util.LinkedHashMap<>(b.routes));
         this.tenant = b.tenant;
         this.binding = b.binding;
-        this.timer = Executors.newSingleThreadScheduledExecutor(r -> {
+        // A few threads: a renewal stuck on an unreachable database does not hold up the others.
+        this.timer = Executors.newScheduledThreadPool(4, r -> {
             Thread t = new Thread(r, "pg-idempotency-lease");
             t.setDaemon(true);
             return t;
@@ -257,7 +258,7 @@ public final class IdempotencyFilter implements Filter {
                 if (open) {
                     rollbackQuietly(db);
                 }
-                db.setAutoCommit(true);
+                restoreAutoCommit(db);
             }
         }
     }
@@ -439,6 +440,15 @@ public final class IdempotencyFilter implements Filter {
             db.rollback();
         } catch (SQLException e) {
             LOG.log(System.Logger.Level.DEBUG, "rollback failed", e);
+        }
+    }
+
+    /** Back to autocommit for the pool; on a broken connection the error that broke it is the one to report. */
+    private static void restoreAutoCommit(Connection db) {
+        try {
+            db.setAutoCommit(true);
+        } catch (SQLException e) {
+            LOG.log(System.Logger.Level.DEBUG, "setAutoCommit(true) failed", e);
         }
     }
 

@@ -12,6 +12,7 @@ import java.io.IOException;
 import java.util.Map;
 import java.util.Set;
 import javax.sql.DataSource;
+import org.springframework.beans.factory.SmartInitializingSingleton;
 import org.springframework.core.Ordered;
 import org.springframework.jdbc.datasource.ConnectionHolder;
 import org.springframework.transaction.support.TransactionSynchronizationManager;
@@ -22,10 +23,10 @@ import org.springframework.web.servlet.mvc.method.annotation.RequestMappingHandl
 
 /**
  * The servlet filter the starter registers: an {@link IdempotencyFilter} whose routes are the
- * {@link Idempotent} controller methods, read from Spring MVC's handler mappings on the first
- * request (once every controller is mapped).
+ * {@link Idempotent} controller methods, read from Spring MVC's handler mappings once every
+ * controller is mapped (so a method it cannot protect stops the application at start-up).
  */
-final class IdempotentMethodsFilter implements Filter, Ordered {
+final class IdempotentMethodsFilter implements Filter, Ordered, SmartInitializingSingleton {
     private final DataSource dataSource;
     private final IdempotencyProperties properties;
     private final RequestMappingHandlerMapping mappings;
@@ -43,6 +44,11 @@ final class IdempotentMethodsFilter implements Filter, Ordered {
     @Override
     public int getOrder() {
         return properties.getFilterOrder();
+    }
+
+    @Override
+    public void afterSingletonsInstantiated() {
+        delegate();
     }
 
     @Override

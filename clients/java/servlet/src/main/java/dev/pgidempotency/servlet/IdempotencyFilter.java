@@ -339,14 +339,16 @@ public final class IdempotencyFilter implements Filter {
         }
     }
 
+    /** Stores a failure after a side effect; returns it as stored (what every replay sends too). */
     private HttpAnswer completeAnswer(Request r, UUID token, HttpAnswer failure) throws SQLException {
         StoredResponse.ToStore s = StoredResponse.toStore(failure.headers(), failure.body(), r.o().replayHeaders());
+        String stored;
         try (Connection db = dataSource.getConnection()) {
-            client.complete(db, r.scope(), r.key(), token, failure.status(), s.bodyJson(), s.headersJson());
+            stored = client.complete(db, r.scope(), r.key(), token, failure.status(), s.bodyJson(), s.headersJson());
         } catch (IdempotencyException.ClaimTakenOver | IdempotencyException.NoLiveRecord e) {
             return fenced(r);
         }
-        return failure;
+        return new HttpAnswer(failure.status(), failure.headers(), StoredResponse.bodyToSend(s.headersJson(), stored));
     }
 
     private void release(Request r, UUID token) throws SQLException {

@@ -345,10 +345,12 @@ abstract class FilterHttpTests {
     void committedFirstStoresAFailureAfterASideEffect() throws Exception {
         String t = tenant();
         String k = quoted(UUID.randomUUID().toString());
-        assertProblem(post("/ext", t, k, BODY, "X-Test-Checkpoint", "1", "X-Test-Throw", "error"), 500, Problem.INTERNAL_ERROR);
+        HttpResponse<byte[]> failed = post("/ext", t, k, BODY, "X-Test-Checkpoint", "1", "X-Test-Throw", "error");
+        assertProblem(failed, 500, Problem.INTERNAL_ERROR);
         HttpResponse<byte[]> again = post("/ext", t, k, BODY);
         assertEquals(500, again.statusCode());
         assertTrue(replayed(again), "the failure after the checkpoint was stored");
+        assertArrayEquals(failed.body(), again.body(), "the stored failure replays byte for byte");
         assertEquals(1, TestApp.count(ds, t));
     }
 

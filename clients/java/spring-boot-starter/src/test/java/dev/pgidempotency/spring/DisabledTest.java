@@ -16,7 +16,7 @@ class DisabledTest {
         String url = System.getenv("DATABASE_URL");
         assumeTrue(url != null && !url.isEmpty(), "DATABASE_URL is not set: clients/java/test.sh starts the server");
         return new SpringApplicationBuilder(TestApplication.class).web(WebApplicationType.SERVLET).properties(
-                "server.port=0", "server.address=127.0.0.1", "spring.datasource.url=" + DatabaseUrl.toJdbc(url),
+                "server.port=" + port(6), "server.address=127.0.0.1", "spring.datasource.url=" + DatabaseUrl.toJdbc(url),
                 "spring.main.banner-mode=off", "logging.level.root=warn", "idempotency.enabled=" + enabled).run();
     }
 
@@ -28,5 +28,11 @@ class DisabledTest {
         try (ConfigurableApplicationContext off = run("false")) {
             assertEquals(0, off.getBeansOfType(IdempotentMethodsFilter.class).size());
         }
+    }
+
+    /** JAVA_APPS_PORT + offset (clients/java/test.sh sets it; else any free port). */
+    private static int port(int offset) {
+        String base = System.getenv("JAVA_APPS_PORT");
+        return base == null ? 0 : Integer.parseInt(base) + offset;
     }
 }

@@ -31,12 +31,18 @@ class StartupCheckTest {
         String url = System.getenv("DATABASE_URL");
         assumeTrue(url != null && !url.isEmpty(), "DATABASE_URL is not set: clients/java/test.sh starts the server");
         Exception e = assertThrows(Exception.class, () -> new SpringApplicationBuilder(BadApplication.class).properties(
-                "server.port=0", "server.address=127.0.0.1", "spring.datasource.url=" + DatabaseUrl.toJdbc(url),
+                "server.port=" + port(7), "server.address=127.0.0.1", "spring.datasource.url=" + DatabaseUrl.toJdbc(url),
                 "spring.main.banner-mode=off", "logging.level.root=off").run().close());
         boolean named = false;
         for (Throwable t = e; t != null; t = t.getCause()) {
             named |= String.valueOf(t.getMessage()).contains("must name its HTTP method");
         }
         assertTrue(named, e.toString());
+    }
+
+    /** JAVA_APPS_PORT + offset (clients/java/test.sh sets it; else any free port). */
+    private static int port(int offset) {
+        String base = System.getenv("JAVA_APPS_PORT");
+        return base == null ? 0 : Integer.parseInt(base) + offset;
     }
 }

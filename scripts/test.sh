@@ -103,6 +103,8 @@ register_suites() {
         clients/rust/test.sh
     register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \
         clients/go/test.sh
+    register java-client     15   full ext     'the tests of the Java package (core client, Servlet filter, Spring Boot starter; `mvn verify` with the compiler warnings as errors), over real HTTP, also through PgBouncer' \
+        clients/java/test.sh
     register e2e-apps        15   full ext     'the black-box HTTP suite (`tests/e2e/run.py`) against the demo app of every client package' \
         e2e_apps
     register claim-retry     each full cluster 'a claim whose reply to COMMIT is lost, repeated with its caller-chosen token (`tests/claim_retry/run.py`)' \

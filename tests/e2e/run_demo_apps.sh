@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The black-box HTTP suite (tests/e2e/run.py) against every client package's demo app, one
 # after the other: Rust (clients/rust examples/demo), Python (FastAPI and Django), Node
-# (Express and Fastify), Go (clients/go cmd/demo, built here with `go build`). An app whose
-# runtime is not set up here (the package's own test.sh builds it: cargo, the venv
-# clients/python/.venv or $IDEM_PY_PYTHON, clients/node/node_modules; go on PATH) is skipped
-# with the reason, never counted as passed.
-# Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 55490) to +3.
+# (Express and Fastify), Go (clients/go cmd/demo, built here with `go build`), Java
+# (clients/java demo, built here with mvn). An app whose runtime is not set up here (the
+# package's own test.sh builds it: cargo, the venv clients/python/.venv or $IDEM_PY_PYTHON,
+# clients/node/node_modules; go on PATH; java and mvn) is skipped with the reason, never
+# counted as passed.
+# Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 20340) to +3.
 # Last line: "e2e-apps: N passed, M failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-port=${E2E_APPS_PORT:-55490}
+port=${E2E_APPS_PORT:-20340}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/clients}
 export PATH="$HOME/.cargo/bin:$PATH:/usr/local/go/bin"
 passed=0
@@ -61,6 +62,17 @@ elif mkdir -p "$CARGO_TARGET_DIR" && (cd "$root/clients/go" && go build -o "$CAR
     run_app go "$CARGO_TARGET_DIR/go-demo"
 else
     failed=$((failed + 1)); echo "FAIL e2e-go: the demo app does not build"
+fi
+
+if command -v java >/dev/null && command -v mvn >/dev/null; then
+    # (Maven 3.8 prints colour resets even in batch mode: dropped.)
+    if (cd "$root/clients/java" && mvn -B -q -ntp package -DskipTests 2>&1 | sed 's/\x1b\[[0-9;]*m//g'); then
+        run_app java-demo "java -jar $root/clients/java/demo/target/idempotency-demo.jar"
+    else
+        failed=$((failed + 1)); echo "FAIL e2e-java-demo: the demo app does not build"
+    fi
+else
+    skip java-demo "no java or mvn here (scripts/install-deps.sh installs OpenJDK 17 and Maven)"
 fi
 
 [ "$skipped" -gt 0 ] && echo "($skipped demo apps skipped)"

@@ -9,6 +9,7 @@
 # Suites (the table in register_suites below says which run on which major):
 #   lint          cargo fmt / clippy (scripts/lint.sh)
 #   links         every relative link and #anchor in the Markdown files (scripts/check-links.py)
+#   docs-sql      every SQL block of README.md and docs/reference.md runs and prints what it shows
 #   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
 #   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)
 #   pg_cron       the sweep scheduled by pg_cron (15 only: Debian ships pg_cron for 15)
@@ -64,6 +65,7 @@ register_suites() {
     register unit            each fast -       pgrx_tests
     register regress         each fast cluster installcheck regress
     register isolation       each fast cluster installcheck isolation
+    register docs-sql        each fast cluster /usr/bin/python3 tests/docs/run.py
     register pg_cron         each full ext     tests/pg_cron/run.sh
     register upgrade         each full ext     tests/upgrade/run.sh
     register completer       each full cluster completer

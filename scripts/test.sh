@@ -16,6 +16,7 @@
 #   upgrade       every frozen release, ALTER EXTENSION UPDATE
 #   completer     examples/completer.py --self-test     stress     32 sessions, kills, one crash
 #   security      privileges, RLS, search_path, dump/restore with that major's own pg_dump, standby
+#   security-portable  the same suite against the portable edition, its differences asserted
 #   client-examples  the Python, Node and Rust client examples
 #   e2e           the example HTTP service under faults (on 15)
 #   bench-smoke   the benchmark scripts, tiny runs (on 15)
@@ -71,6 +72,7 @@ register_suites() {
     register completer       each full cluster completer
     register stress          each full ext     stress
     register security        each full ext     tests/security/run.sh
+    register security-portable each full -     env IDEM_EDITION=portable tests/security/run.sh
     register client-examples each full ext     tests/clients/run_examples.sh
     register e2e             15   full ext     tests/e2e/run.sh
     register bench-smoke     15   full ext     bench_smoke

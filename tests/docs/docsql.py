@@ -131,7 +131,6 @@ def normalize(line):
 def matches(expected, actual):
     """Whether the actual lines show what the expected lines show (both as printed, without
     the comment marker)."""
-    expected = [e for e in expected]
     actual = [a for a in actual if a.strip() != ""]
     expected = [e for e in expected if e.strip() != ""]
     shows_header = any(SEPARATOR.match(e.strip()) for e in expected)

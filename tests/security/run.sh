@@ -137,7 +137,7 @@ fi
 # of the edition under test.
 PORTABLE=0
 [ "$IDEM_EDITION" = portable ] && PORTABLE=1
-by_edition() { if [ $PORTABLE = 1 ]; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
+by_edition() { if [ "$PORTABLE" = 1 ]; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
 
 HAVE_CRON=0
 [ -f "$($PGBIN/pg_config --pkglibdir)/pg_cron.so" ] && HAVE_CRON=1

@@ -54,7 +54,7 @@ R=sec_restored
 # then sees nothing, so the same checks run as sec_maint (BYPASSRLS) with the same grants.
 APP_ROLE=sec_app
 restored_grants() { :; }
-if [ $PORTABLE = 1 ]; then
+if [ "$PORTABLE" = 1 ]; then
     check "portable: restored: the application role, named by no policy, sees no record (RLS came back with the dump)" 0 \
         "$(val sec_app $R "SELECT count(*) FROM idempotency.keys")"
     APP_ROLE=sec_maint
@@ -112,7 +112,7 @@ check "restored: idem_sweep works (the expired message it replaced is gone; noth
 section "dump and restore: row-level security on the extension's tables"
 check "source: RLS on, with its two policies" "t|2" \
     "$(val postgres $DB "SELECT relrowsecurity, (SELECT count(*) FROM pg_policy WHERE polrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass)) FROM pg_class WHERE oid = 'idempotency.keys'::regclass")"
-if [ $PORTABLE = 0 ]; then
+if [ "$PORTABLE" = 0 ]; then
     check "restored: pg_dump did not carry RLS or the policies of the extension's tables (re-apply the recipe)" "f|0" \
         "$(val postgres $R "SELECT relrowsecurity, (SELECT count(*) FROM pg_policy WHERE polrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass)) FROM pg_class WHERE oid = 'idempotency.keys'::regclass")"
     check "restored, before re-applying: a tenant role reads other scopes' rows (all of them)" \

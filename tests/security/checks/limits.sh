@@ -91,7 +91,7 @@ lcase "quotes, backslashes, NUL-looking escapes and SQL in scope and key are sto
 SELECT c.outcome || '/' || (l.scope = :s) || '/' || (l.key = :k) || '/' || (to_regclass('idempotency.keys') IS NOT NULL)
   FROM idempotency.idem_claim(:s, :k) c, idempotency.idem_lookup(:s, :k) l;
 SQL
-if [ $PORTABLE = 1 ]; then
+if [ "$PORTABLE" = 1 ]; then
     lcase "portable: quotes, backslashes, NUL-looking escapes and SQL in scope and key are stored verbatim (looked up in the next statement)" "claimed/true/true/true" <<'SQL'
 \set s '''acct2 ''''42'''' "x" \\x00 \\u0000 \\0 %s %n $1 ;--'''
 \set k '''''''); DROP TABLE idempotency.keys; --'''

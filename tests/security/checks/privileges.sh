@@ -20,7 +20,7 @@ check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables 
                                has_table_privilege('sec_nogrants', 'idempotency.keys', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.messages', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.stats', 'SELECT')")"
-if [ $PORTABLE = 0 ]; then
+if [ "$PORTABLE" = 0 ]; then
     check "only the plpgsql helpers pin their search_path (the others qualify every name)" "distribute,schedule_maintenance" \
         "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
 else
@@ -123,6 +123,7 @@ check "recipe + GRANT SELECT ON idempotency.stats: monitoring works" 00000 \
 
 section "privileges: the monitoring lines of docs/security.md's recipe, as written there"
 # The lines granting to "monitoring", read from the doc itself so that the doc is what is tested.
+# shellcheck disable=SC2016  # the backticks are the Markdown fence, not a command
 MONITORING_RECIPE=$(sed -n '/^```sql$/,/^```$/p' "$ROOT/docs/security.md" | grep ' TO monitoring;' | sed 's/ *--.*//')
 check "docs/security.md shows two monitoring grants (schema and view)" 2 "$(printf '%s\n' "$MONITORING_RECIPE" | grep -c 'TO monitoring;')"
 sql postgres postgres -c "CREATE ROLE monitoring LOGIN"
@@ -141,7 +142,7 @@ for ddl in "TRUNCATE idempotency.keys;" \
            "CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();"; do
     check "recipe role: '${ddl%% idempotency*} ...' is refused with 42501" 42501 "$(state sec_app $DB "$ddl")"
 done
-if [ $PORTABLE = 0 ]; then
+if [ "$PORTABLE" = 0 ]; then
     check "recipe role: 'ALTER EXTENSION ...' is refused with 42501" 42501 "$(state sec_app $DB "ALTER EXTENSION idempotency UPDATE;")"
 else
     # portable: installed by psql -f, it is no extension: nothing to alter (42704).

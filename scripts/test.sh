@@ -68,6 +68,8 @@ register_suites() {
         installcheck regress
     register isolation       each fast cluster 'isolationtester specs, one per interleaving that matters ([docs/reliability.md](docs/reliability.md#concurrent-sessions); `make -C tests installcheck REGRESS=`)' \
         installcheck isolation
+    register docs-sql        each fast cluster 'every SQL block of README.md and docs/reference.md runs, in order, in a fresh database and prints what the page shows ([Documentation](#documentation))' \
+        /usr/bin/python3 tests/docs/run.py
     register pg_cron         each full ext     'a cluster with pg_cron preloaded: `schedule_maintenance()`, then a wait until pg_cron has run the sweep and the release; where Debian ships pg_cron (15)' \
         tests/pg_cron/run.sh
     register upgrade         each full ext     'every frozen release installed with live data, then `ALTER EXTENSION UPDATE`, compared object by object with a fresh install ([Adding a release](#adding-a-release))' \
@@ -78,6 +80,8 @@ register_suites() {
         stress
     register security        each full ext     'privileges, row-level security, `search_path` hijacks, dump and restore with the `pg_dump` of that major, a hot standby, huge and hostile input ([docs/security.md](docs/security.md))' \
         tests/security/run.sh
+    register security-portable each full -     'the security suite against the portable edition, each of its differences asserted as the portable behaviour ([docs/portable.md](docs/portable.md))' \
+        env IDEM_EDITION=portable tests/security/run.sh
     register client-examples each full ext     'the Python, Node and Rust client examples against a real server (the Go one runs in go-client)' \
         tests/clients/run_examples.sh
     register e2e             15   full ext     'the example HTTP service under real faults ([docs/applications.md](docs/applications.md#example-service))' \

@@ -2,12 +2,15 @@
 -- and Aurora, Supabase), so that CREATE EXTENSION idempotency installs it. Generated from
 -- idempotency-portable--0.4.1.sql, which it holds unchanged between the $_pgtle_$ quotes;
 -- both are written by scripts/assemble_portable.py (tests/portable/assembly.sh checks them).
--- Steps (docs/portable.md, "Install with pg_tle"); NOT tested here: pg_tle is not packaged
--- for this project's test machines.
---     CREATE EXTENSION IF NOT EXISTS pg_tle;          -- a role with rds_superuser / pgtle_admin
+-- Steps (docs/portable.md, "Install with pg_tle"); not tested in CI (pg_tle is not packaged
+-- for this project's test machines; checked by hand with pg_tle 1.5.2, issue 21).
+--     CREATE EXTENSION IF NOT EXISTS pg_tle;          -- a superuser (rds_superuser on RDS) only
+--     GRANT pgtle_admin TO your_admin_role;
 --     \i sql/portable/pgtle.sql                       -- as a member of pgtle_admin
 --     CREATE SCHEMA IF NOT EXISTS idempotency;
 --     CREATE EXTENSION idempotency SCHEMA idempotency;
+-- Not on a server holding the native edition's files (pg_tle refuses the name). Upgrades:
+-- pgtle.install_update_path, then pgtle.set_default_version, then ALTER EXTENSION UPDATE.
 SELECT pgtle.install_extension(
     'idempotency',
     '0.4.1',

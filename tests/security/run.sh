@@ -11,6 +11,9 @@
 #
 #   tests/security/run.sh            every section
 #   tests/security/run.sh rls dump   some of them (privileges rls search_path dump standby limits)
+#   IDEM_EDITION=portable tests/security/run.sh   against the portable edition (tests/lib.sh):
+#                                    where it differs, the check asserts the portable behaviour,
+#                                    each with a comment "portable:" (docs/portable.md lists them)
 #
 # Starts its own clusters of PG_MAJOR (15 or 18; ports: tests/lib.sh's "security" row, data
 # under $SEC_DIR, default /tmp/idempotency-security[-pg18]), removes them afterwards (SEC_KEEP=1 keeps them), prints one
@@ -123,12 +126,18 @@ trap 'fail "the run" "interrupted or out of time (SEC_TIMEOUT=${SEC_TIMEOUT:-120
 ) >/dev/null 2>&1 &
 WATCHDOG=$!
 
-echo "PostgreSQL $PG_MAJOR: $PGBIN"
-if ! extension_installed; then
+echo "PostgreSQL $PG_MAJOR: $PGBIN, edition $IDEM_EDITION"
+if [ "$IDEM_EDITION" = native ] && ! extension_installed; then
     fail "the extension is installed into PostgreSQL $PG_MAJOR" "cargo pgrx install --release --pg-config $PGBIN/pg_config"
     finish security
     exit 1
 fi
+
+# The editions differ in a few checks: by_edition NATIVE PORTABLE prints the expected value
+# of the edition under test.
+PORTABLE=0
+[ "$IDEM_EDITION" = portable ] && PORTABLE=1
+by_edition() { if [ "$PORTABLE" = 1 ]; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
 
 HAVE_CRON=0
 [ -f "$($PGBIN/pg_config --pkglibdir)/pg_cron.so" ] && HAVE_CRON=1

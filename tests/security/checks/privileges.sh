@@ -20,8 +20,15 @@ check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables 
                                has_table_privilege('sec_nogrants', 'idempotency.keys', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.messages', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.stats', 'SELECT')")"
-check "only the plpgsql helpers pin their search_path (the others qualify every name)" "distribute,schedule_maintenance" \
-    "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
+if [ "$PORTABLE" = 0 ]; then
+    check "only the plpgsql helpers pin their search_path (the others qualify every name)" "distribute,schedule_maintenance" \
+        "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
+else
+    # portable: every function is PL/pgSQL or SQL and pins its search_path; the procedure
+    # idem_sweep_all cannot (a SET clause forbids its COMMITs) and qualifies every name.
+    check "portable: every function pins its search_path (all but the procedure idem_sweep_all)" idem_sweep_all \
+        "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NULL")"
+fi
 
 TOKEN0=00000000-0000-4000-8000-000000000000
 TABLE_CALLS=(
@@ -114,16 +121,33 @@ sql postgres $DB -c "GRANT SELECT ON idempotency.stats TO sec_app"
 check "recipe + GRANT SELECT ON idempotency.stats: monitoring works" 00000 \
     "$(state sec_app $DB "SELECT * FROM idempotency.stats;")"
 
+section "privileges: the monitoring lines of docs/security.md's recipe, as written there"
+# The lines granting to "monitoring", read from the doc itself so that the doc is what is tested.
+# shellcheck disable=SC2016  # the backticks are the Markdown fence, not a command
+MONITORING_RECIPE=$(sed -n '/^```sql$/,/^```$/p' "$ROOT/docs/security.md" | grep ' TO monitoring;' | sed 's/ *--.*//')
+check "docs/security.md shows two monitoring grants (schema and view)" 2 "$(printf '%s\n' "$MONITORING_RECIPE" | grep -c 'TO monitoring;')"
+sql postgres postgres -c "CREATE ROLE monitoring LOGIN"
+check_match "monitoring role before the recipe: stats is refused with 42501" "^42501 permission denied for schema idempotency$" \
+    "$(state_msg monitoring $DB "SELECT * FROM idempotency.stats;")"
+printf '%s\n' "$MONITORING_RECIPE" | sql postgres $DB -v ON_ERROR_STOP=1 >/dev/null
+check "monitoring role with the recipe's lines: stats works" 00000 "$(state monitoring $DB "SELECT * FROM idempotency.stats;")"
+check "monitoring role with the recipe's lines: it reads no record" 42501 "$(state monitoring $DB "SELECT * FROM idempotency.keys;")"
+
 section "privileges: the recipe grants data access, nothing more"
 for ddl in "TRUNCATE idempotency.keys;" \
            "ALTER TABLE idempotency.keys DISABLE ROW LEVEL SECURITY;" \
            "DROP TABLE idempotency.messages;" \
            "CREATE FUNCTION idempotency.f() RETURNS int LANGUAGE sql AS 'SELECT 1';" \
            "ALTER FUNCTION idempotency.idem_release(text, text, uuid) SECURITY DEFINER;" \
-           "CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();" \
-           "ALTER EXTENSION idempotency UPDATE;"; do
+           "CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();"; do
     check "recipe role: '${ddl%% idempotency*} ...' is refused with 42501" 42501 "$(state sec_app $DB "$ddl")"
 done
+if [ "$PORTABLE" = 0 ]; then
+    check "recipe role: 'ALTER EXTENSION ...' is refused with 42501" 42501 "$(state sec_app $DB "ALTER EXTENSION idempotency UPDATE;")"
+else
+    # portable: installed by psql -f, it is no extension: nothing to alter (42704).
+    check "portable: recipe role: 'ALTER EXTENSION ...' finds no extension (42704)" 42704 "$(state sec_app $DB "ALTER EXTENSION idempotency UPDATE;")"
+fi
 
 section "privileges: a read-only role (USAGE + SELECT)"
 check "reader: idem_lookup works" 1 \
@@ -156,7 +180,8 @@ check "squatted cron schema: a superuser's schedule_maintenance answers 55000 (p
 check "squatted cron schema: the squatter's cron.schedule never ran" 0 \
     "$(grep -c "EVIL-CALLED squatted cron.schedule" "$MAIN/server.log")"
 if [ $HAVE_CRON = 1 ]; then
-    sql postgres postgres -c "CREATE EXTENSION pg_cron" -c "CREATE EXTENSION idempotency"
+    sql postgres postgres -c "CREATE EXTENSION pg_cron"
+    install_extension postgres -h "$MAIN/socket" -p "$MAIN_PORT" -U postgres 2>>"$LOG"
     sql postgres postgres -v role=sec_app -f "$HERE/sql/grants.sql"
     check "with pg_cron: a superuser schedules both jobs" "idempotency-reclaim-stale,idempotency-sweep" \
         "$(val postgres postgres "SELECT string_agg(jobname, ',' ORDER BY jobname) FROM idempotency.schedule_maintenance()")"

@@ -9,6 +9,7 @@
 # Suites (the table in register_suites below says which run on which major):
 #   lint          cargo fmt / clippy (scripts/lint.sh)
 #   links         every relative link and #anchor in the Markdown files (scripts/check-links.py)
+#   contract      docs/reference.md, src/errors.rs, the SQL and the repository against contract/contract.json
 #   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
 #   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)
 #   pg_cron       the sweep scheduled by pg_cron (15 only: Debian ships pg_cron for 15)
@@ -61,6 +62,8 @@ register_suites() {
     register lint            once full -       OPTIONAL:scripts/lint.sh
     register links           once fast -       OPTIONAL:scripts/check-links.py
     register links-self-test once fast -       /usr/bin/python3 scripts/check-links.py --self-test
+    register contract        once fast -       /usr/bin/python3 scripts/check-contract.py
+    register contract-self-test once fast -    /usr/bin/python3 scripts/check-contract.py --self-test
     register unit            each fast -       pgrx_tests
     register regress         each fast cluster installcheck regress
     register isolation       each fast cluster installcheck isolation

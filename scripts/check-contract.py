@@ -17,12 +17,14 @@ What it checks, each a named check:
 - src/errors.rs's SQLSTATEs, the ones the install SQL raises (sql/*.sql, sql/portable/) and
   every IK code or `SQLSTATE NNNNN` written in a tracked file: all in the description, and
   every code the description says the extension raises is raised somewhere;
+- src/settings.rs registers every described setting with its default and range;
 - every problem type (`urn:pg-idempotency:...`) written in a tracked file is one the
   description gives.
 The client packages check their own maps in their own tests. Ends with
 "contract: N passed, M failed". Python 3 standard library only.
 """
 import json
+import math
 import os
 import re
 import subprocess
@@ -243,7 +245,7 @@ def check_codes(c, contract, files):
             not unraised, str(unraised))
     stated = {}
     for path, text in files.items():
-        if path == "contract/contract.json":
+        if path in ("contract/contract.json", "scripts/check-contract.py"):
             continue
         for code in re.findall(r"\bIK\d{3}\b", text) + re.findall(r"SQLSTATE\s+`?([0-9][0-9A-Z]{4})\b", text):
             if code not in described and code not in NOT_RAISED_BY_US:
@@ -251,12 +253,40 @@ def check_codes(c, contract, files):
     c.check("no tracked file names an IK code or `SQLSTATE NNNNN` the description lacks", not stated, str(stated))
 
 
+def product(expr):
+    """'1024 * 1024' -> 1048576: the bounds as settings.rs writes them."""
+    return math.prod(int(x) for x in expr.split("*"))
+
+
+def check_settings(c, contract, files):
+    """src/settings.rs registers every described setting, with the described default and range."""
+    rs = files.get("src/settings.rs", "")
+    strings = dict(re.findall(r'c"(idempotency\.\w+)"\.as_ptr\(\),.*?addr_of_mut!\(\w+\),\s*c"([^"]*)"', rs, re.S))
+    ints = {m[0]: m[1:] for m in re.findall(
+        r'define_int_guc\(\s*c"(idempotency\.\w+)",.*?&(\w+),\s*([\d *]+),\s*([\d *]+),', rs, re.S)}
+    registered = set(re.findall(r'c"(idempotency\.\w+)"', rs))
+    c.check("src/settings.rs: registers only described settings",
+            registered <= {s["name"] for s in contract["settings"]}, str(sorted(registered)))
+    for s in contract["settings"]:
+        if s["type"] == "integer":
+            static, low, high = ints.get(s["name"], (None, "0", "0"))
+            default = re.search(rf"{static}: GucSetting<i32> = GucSetting::<i32>::new\((\d+)\)", rs) if static else None
+            shown = default and (f"{int(default.group(1)) // 1024}MB" if int(default.group(1)) % 1024 == 0
+                                 else f"{default.group(1)}kB")
+            ok = shown == s["default"] and product(low) == s["min"] and product(high) == s["max"]
+            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}, {s['min']} to {s['max']} {s['unit']}",
+                    ok, f"default {shown}, range {low} to {high}")
+        else:
+            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}", strings.get(s["name"]) == s["default"],
+                    str(strings.get(s["name"])))
+
+
 def check_problem_types(c, contract, files):
     prefix = contract["problem_type_prefix"]
     known = {prefix + p["slug"] for p in contract["problems"]}
     stated = {}
     for path, text in files.items():
-        if path == "contract/contract.json":
+        if path in ("contract/contract.json", "scripts/check-contract.py"):
             continue
         for t in re.findall(r"urn:pg-idempotency:[A-Za-z0-9:._-]*", text):
             if t != prefix and t not in known:
@@ -269,6 +299,7 @@ def run(contract, reference_text, files, quiet=False):
     check_description(c, contract)
     check_reference(c, contract, reference_text)
     check_codes(c, contract, files)
+    check_settings(c, contract, files)
     check_problem_types(c, contract, files)
     return c
 
@@ -325,8 +356,9 @@ def self_test():
     def setting(m):
         m["settings"][0]["default"] = "12h"
     f = mutated(setting)
-    c.check("self-test: a changed setting default fails the settings table",
-            any("settings table" in x for x in f), str(f))
+    c.check("self-test: a changed setting default fails the settings table and src/settings.rs",
+            any("settings table" in x for x in f) and any("src/settings.rs: idempotency.default_ttl" in x for x in f),
+            str(f))
     return c
 
 

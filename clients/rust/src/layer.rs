@@ -19,7 +19,7 @@ use tower_service::Service;
 
 use crate::client::{self, Features};
 use crate::key;
-use crate::response::problem;
+use crate::response::{plain_problem, INTERNAL_ERROR, KEY_INVALID, KEY_MISSING};
 use crate::run::{committed_first, error_response, same_transaction, Claiming};
 
 /// How a route claims its key.
@@ -184,24 +184,19 @@ where
                 Ok(r) => Ok(r),
                 Err(e) => {
                     log::error!("pg-idempotency: request task failed: {e}");
-                    Ok(problem(500, "internal", "Internal error", "The request failed."))
+                    Ok(INTERNAL_ERROR.response(1))
                 }
             }
         })
     }
 }
 
-fn key_problem(e: &key::KeyError) -> Response {
-    let title = match e {
-        key::KeyError::Missing => "Idempotency-Key is missing",
-        _ => "Idempotency-Key is malformed",
-    };
-    problem(
-        400,
-        "idempotency-key-invalid",
-        title,
-        &format!("This operation requires a valid Idempotency-Key: {e}."),
-    )
+/// The answer to a missing or malformed Idempotency-Key.
+pub(crate) fn key_problem(e: &key::KeyError) -> Response {
+    match e {
+        key::KeyError::Missing => KEY_MISSING.response(1),
+        _ => KEY_INVALID.response(1),
+    }
 }
 
 async fn handle<S>(cfg: Arc<IdempotencyLayer>, inner: S, req: Request) -> Response
@@ -221,7 +216,13 @@ where
     };
     let bytes = match to_bytes(body, cfg.max_body).await {
         Ok(b) => b,
-        Err(_) => return problem(413, "body-too-large", "Request body too large", "The body is too large."),
+        Err(_) => {
+            return plain_problem(
+                413,
+                "Content too large",
+                "The request body is larger than this route accepts.",
+            )
+        }
     };
     let features = match cfg
         .features

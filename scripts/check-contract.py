@@ -33,7 +33,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = "docs/reference.md"
 SHORT_TYPES = {"integer": "int", "timestamp with time zone": "timestamptz"}
-MARKER = re.compile(r"(<!-- contract:(\w+) -->\n)(.*?)(<!-- /contract:\2 -->)", re.S)
+MARKER = re.compile(r"(<!-- contract:(\w+) -->\n)(.*?)(<!-- /contract:\2 -->)", re.DOTALL)
 # SQLSTATEs a tracked file may name that are neither the extension's nor met through it.
 NOT_RAISED_BY_US = {
     "26000": "PgBouncer's lost prepared statements (clients/python/README.md)",
@@ -158,7 +158,7 @@ def check_description(c, contract):
 
 
 def section(text, title):
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
     return m.group(1) if m else ""
 
 
@@ -183,7 +183,7 @@ def check_reference(c, contract, text):
     blocks = {m.group(2): m.group(3) for m in MARKER.finditer(text)}
     for name, render in GENERATED.items():
         have, want = blocks.get(name), render(contract)
-        detail = "no <!-- contract:%s --> block" % name if have is None else "\n" + "\n".join(
+        detail = f"no <!-- contract:{name} --> block" if have is None else "\n" + "\n".join(
             f"  - {a}\n  + {b}" for a, b in zip(have.splitlines() + [""] * 99, want.splitlines()) if a != b)
         c.check(f"{REFERENCE}: the {name} table is the one generated from the description "
                 "(scripts/check-contract.py --write)", have == want, detail)
@@ -261,9 +261,9 @@ def product(expr):
 def check_settings(c, contract, files):
     """src/settings.rs registers every described setting, with the described default and range."""
     rs = files.get("src/settings.rs", "")
-    strings = dict(re.findall(r'c"(idempotency\.\w+)"\.as_ptr\(\),.*?addr_of_mut!\(\w+\),\s*c"([^"]*)"', rs, re.S))
+    strings = dict(re.findall(r'c"(idempotency\.\w+)"\.as_ptr\(\),.*?addr_of_mut!\(\w+\),\s*c"([^"]*)"', rs, re.DOTALL))
     ints = {m[0]: m[1:] for m in re.findall(
-        r'define_int_guc\(\s*c"(idempotency\.\w+)",.*?&(\w+),\s*([\d *]+),\s*([\d *]+),', rs, re.S)}
+        r'define_int_guc\(\s*c"(idempotency\.\w+)",.*?&(\w+),\s*([\d *]+),\s*([\d *]+),', rs, re.DOTALL)}
     registered = set(re.findall(r'c"(idempotency\.\w+)"', rs))
     c.check("src/settings.rs: registers only described settings",
             registered <= {s["name"] for s in contract["settings"]}, str(sorted(registered)))

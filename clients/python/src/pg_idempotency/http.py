@@ -80,7 +80,7 @@ class Refused(Exception):
         self.answer = answer or problem(status, title, detail, headers)
 
     @classmethod
-    def contract(cls, slug: str, reason: str) -> "Refused":
+    def contract(cls, slug: str, reason: str) -> Refused:
         """Refused with the contract's answer `slug`; `reason` (why) is the exception's message."""
         p = PROBLEMS[slug]
         return cls(p.status, p.title, reason, answer=contract_problem(slug))

@@ -24,7 +24,8 @@ extension, the gateway stub (`charges-api gateway-stub`, charges-api only) and t
 - a key reused with another amount: 422 and no new charge;
 - missing or malformed Idempotency-Key: 400 problem+json; missing tenant: 401;
 - every answer the contract describes (400 for a key, 409, 422) is its problem body exactly, as
-  contract/contract.json gives it (type, title, status, detail, Retry-After where listed);
+  contract/contract.json gives it (type, title, status, detail, Retry-After where listed), and
+  no answer takes a type in the contract's namespace that the contract does not describe;
 - a slow handler (X-Fault-Delay-Ms): a duplicate gets 409 with Retry-After from the lease;
 - a handler failing before its side effect (X-Fault-Fail-Before): 500, and the key runs as new;
 - the app SIGKILLed mid-handler, restarted, the key retried: it completes once;
@@ -407,8 +408,18 @@ def is_problem(r, status):
         p = r.json()
     except ValueError:
         return False
-    return (p.get("status") == status and isinstance(p.get("type"), str) and isinstance(p.get("title"), str)
-            and isinstance(p.get("detail"), str))
+    if not (p.get("status") == status and isinstance(p.get("type"), str) and isinstance(p.get("title"), str)
+            and isinstance(p.get("detail"), str)):
+        return False
+    # The contract's namespace holds the contract's problems only, each exactly as described;
+    # an application's own answers take another type (about:blank).
+    prefix = CONTRACT["problem_type_prefix"]
+    if p["type"].startswith(prefix):
+        slug = p["type"][len(prefix):]
+        d = PROBLEMS.get(slug)
+        return d is not None and p == {"type": p["type"], "title": d["title"], "status": d["status"],
+                                        "detail": d["detail"]}
+    return True
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ use tower_service::Service;
 
 use crate::client::{self, Features};
 use crate::key;
-use crate::response::{plain_problem, INTERNAL_ERROR, KEY_INVALID, KEY_MISSING};
+use crate::response::{app_problem, INTERNAL_ERROR, KEY_INVALID, KEY_MISSING};
 use crate::run::{committed_first, error_response, same_transaction, Claiming};
 
 /// How a route claims its key.
@@ -217,7 +217,7 @@ where
     let bytes = match to_bytes(body, cfg.max_body).await {
         Ok(b) => b,
         Err(_) => {
-            return plain_problem(
+            return app_problem(
                 413,
                 "Content too large",
                 "The request body is larger than this route accepts.",

@@ -100,13 +100,15 @@ impl Problem {
     }
 }
 
-/// An RFC 9457 problem of the application's: `type` is `urn:pg-idempotency:problem:<slug>`.
+/// An RFC 9457 problem with `type` `urn:pg-idempotency:problem:<slug>`: that namespace is the
+/// contract's, so give only a slug of [`PROBLEMS`]; an application's own answers are [`app_problem`].
 pub fn problem(status: u16, slug: &str, title: &str, detail: &str) -> Response {
     problem_with_type(status, &format!("{PROBLEM_TYPE_PREFIX}{slug}"), title, detail)
 }
 
-/// An answer the contract does not describe: `type` is `about:blank` (RFC 9457: the status says it all).
-pub(crate) fn plain_problem(status: u16, title: &str, detail: &str) -> Response {
+/// An application's own RFC 9457 problem (a 401, a validation error): `type` is `about:blank`,
+/// as in the Python and Node packages.
+pub fn app_problem(status: u16, title: &str, detail: &str) -> Response {
     problem_with_type(status, "about:blank", title, detail)
 }
 

@@ -58,6 +58,10 @@ register_suites() {
         OPTIONAL:scripts/check-links.py
     register links-self-test once fast -       'the link checker on a temporary tree of good and broken links' \
         /usr/bin/python3 scripts/check-links.py --self-test
+    register contract        once fast -       'docs/reference.md (its generated tables), `src/errors.rs`, `src/settings.rs`, the SQL and every SQLSTATE and problem type in the repository against `contract/contract.json` ([contract/README.md](contract/README.md))' \
+        /usr/bin/python3 scripts/check-contract.py
+    register contract-self-test once fast -    'the contract checker on the description changed six ways, each caught' \
+        /usr/bin/python3 scripts/check-contract.py --self-test
     register suite-table     once fast -       'the suite table of CONTRIBUTING.md says what `scripts/test.sh --list` says' \
         /usr/bin/python3 scripts/suite-table.py --check
     register module-cycles   once fast -       'no two modules of a Rust crate import each other (the self-test on a made-up crate, then each crate)' \

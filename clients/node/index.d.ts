@@ -108,6 +108,8 @@ export declare class PermissionDeniedError extends IdempotencyError {}
 export declare class UnsupportedFeatureError extends IdempotencyError {}
 /** The typed error for a node-postgres error, or the error itself. */
 export declare function mapError(e: unknown): unknown;
+/** SQLSTATE -> the error class `mapError` makes for it. */
+export declare const BY_SQLSTATE: Readonly<Record<string, new (message: string, o?: { code?: string | null; cause?: unknown }) => IdempotencyError>>;
 
 export declare function fingerprint(value: unknown, ignore?: string[]): string;
 export declare const MAX_KEY_LENGTH: 255;

@@ -23,6 +23,9 @@ extension, the gateway stub (`charges-api gateway-stub`, charges-api only) and t
   or the replayed 201 (both endpoints);
 - a key reused with another amount: 422 and no new charge;
 - missing or malformed Idempotency-Key: 400 problem+json; missing tenant: 401;
+- every answer the contract describes (400 for a key, 409, 422) is its problem body exactly, as
+  contract/contract.json gives it (type, title, status, detail, Retry-After where listed), and
+  no answer takes a type in the contract's namespace that the contract does not describe;
 - a slow handler (X-Fault-Delay-Ms): a duplicate gets 409 with Retry-After from the lease;
 - a handler failing before its side effect (X-Fault-Fail-Before): 500, and the key runs as new;
 - the app SIGKILLed mid-handler, restarted, the key retried: it completes once;
@@ -381,6 +384,23 @@ class DropResponseProxy:
         self.sock.close()
 
 
+with open(os.path.join(ROOT, "contract", "contract.json")) as _f:
+    CONTRACT = json.load(_f)
+PROBLEMS = {p["slug"]: p for p in CONTRACT["problems"]}
+
+
+def is_contract_problem(r, slug):
+    """The answer is the contract's problem `slug` (contract/contract.json): status, content
+    type, and a body with exactly its type, title, status and detail; Retry-After where listed."""
+    p = PROBLEMS[slug]
+    if not is_problem(r, p["status"]):
+        return False
+    want = {"type": CONTRACT["problem_type_prefix"] + slug, "title": p["title"], "status": p["status"],
+            "detail": p["detail"]}
+    retry = r.headers.get("retry-after", "")
+    return r.json() == want and (retry.isdigit() and int(retry) >= 1) == ("Retry-After" in p.get("headers", []))
+
+
 def is_problem(r, status):
     if r.status != status or r.headers.get("content-type") != "application/problem+json":
         return False
@@ -388,8 +408,18 @@ def is_problem(r, status):
         p = r.json()
     except ValueError:
         return False
-    return (p.get("status") == status and isinstance(p.get("type"), str) and isinstance(p.get("title"), str)
-            and isinstance(p.get("detail"), str))
+    if not (p.get("status") == status and isinstance(p.get("type"), str) and isinstance(p.get("title"), str)
+            and isinstance(p.get("detail"), str)):
+        return False
+    # The contract's namespace holds the contract's problems only, each exactly as described;
+    # an application's own answers take another type (about:blank).
+    prefix = CONTRACT["problem_type_prefix"]
+    if p["type"].startswith(prefix):
+        slug = p["type"][len(prefix):]
+        d = PROBLEMS.get(slug)
+        return d is not None and p == {"type": p["type"], "title": d["title"], "status": d["status"],
+                                        "detail": d["detail"]}
+    return True
 
 
 # ---------------------------------------------------------------------------------------
@@ -459,8 +489,8 @@ def scenario_concurrent(h, route, n=20, extra=()):
           f"{len(firsts)} firsts, {len(replays)} replays, {len(conflicts)} 409s, others {others[:2]!r}")
     check(f"{route} {n} concurrent: the rest are replayed 201s or 409s ({len(replays)} replays, {len(conflicts)} 409s)",
           not others and len(replays) + len(conflicts) == n - 1, repr(others[:2]))
-    check(f"{route} {n} concurrent: every 409 is a problem with Retry-After",
-          all(is_problem(r, 409) and r.headers.get("retry-after", "").isdigit() for r in conflicts),
+    check(f"{route} {n} concurrent: every 409 is the contract's idempotency-key-in-progress, with Retry-After",
+          all(is_contract_problem(r, "idempotency-key-in-progress") for r in conflicts),
           repr(conflicts[:1]))
     check(f"{route} {n} concurrent: every replay has the first response's body",
           len(firsts) == 1 and all(r.body == firsts[0].body for r in replays))
@@ -483,7 +513,8 @@ def scenario_mismatch(h, route):
     first = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
     check(f"{route} mismatch: first request 201", first.status == 201 and not first.replayed, repr(first))
     other = post(h.svc_port, route, {"amount": 501, "currency": "eur"}, quoted(key), tenant)
-    check(f"{route} mismatch: the key with another amount gets a 422 problem", is_problem(other, 422), repr(other))
+    check(f"{route} mismatch: the key with another amount gets a 422 problem, the contract's idempotency-key-reused",
+          is_contract_problem(other, "idempotency-key-reused"), repr(other))
     check(f"{route} mismatch: no new charge", h.charges(tenant) == 1, str(h.charges(tenant)))
     same = post(h.svc_port, route, {"currency": "eur", "amount": 500.0}, quoted(key), tenant)
     check(f"{route} mismatch: the same JSON written differently is not a mismatch (canonical fingerprint)",
@@ -515,9 +546,12 @@ def scenario_bad_requests(h):
         else:
             r = raw_post(h.svc_port, "/charges", [b"X-Api-Key: " + tenant.encode(),
                                                   b"Idempotency-Key: " + key.encode("utf-8")], body)
-        check(f"bad key ({name}): 400 problem+json", r is not None and is_problem(r, 400), repr(r))
+        slug = "idempotency-key-missing" if key is None else "idempotency-key-invalid"
+        check(f"bad key ({name}): 400 problem+json, the contract's {slug}",
+              r is not None and is_contract_problem(r, slug), repr(r))
     two = post(h.svc_port, "/charges", AMOUNT, '"k-a"', tenant, extra=[("Idempotency-Key", '"k-b"')])
-    check("bad key (two Idempotency-Key field lines): 400 problem+json", is_problem(two, 400), repr(two))
+    check("bad key (two Idempotency-Key field lines): 400 problem+json, the contract's idempotency-key-invalid",
+          is_contract_problem(two, "idempotency-key-invalid"), repr(two))
     # A control character other than tab is refused by the HTTP parser itself (hyper), before
     # the application sees the request: a 400, without a problem body.
     ctl = raw_post(h.svc_port, "/charges", [b"X-Api-Key: acct_bad", b'Idempotency-Key: "a\x01b"'], body)
@@ -531,7 +565,8 @@ def scenario_bad_requests(h):
         r = post(h.svc_port, route, AMOUNT, None, None)
         check(f"{route} missing X-Api-Key and key: 401 first", is_problem(r, 401), repr(r))
         r = post(h.svc_port, route, AMOUNT, None, tenant)
-        check(f"{route} missing key: 400 problem+json", is_problem(r, 400), repr(r))
+        check(f"{route} missing key: 400 problem+json, the contract's idempotency-key-missing",
+              is_contract_problem(r, "idempotency-key-missing"), repr(r))
     check("bad requests: no charge row, no idempotency record",
           h.charges(tenant) == 0 and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
 
@@ -608,13 +643,14 @@ def scenario_slow_handler(h):
     wait_for("the claim", lambda: h.record(f"{tenant}:POST {route}", key))
     dup = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
     retry_after = dup.headers.get("retry-after", "")
-    check("slow handler: a duplicate gets a 409 problem", is_problem(dup, 409), repr(dup))
+    check("slow handler: a duplicate gets a 409 problem, the contract's idempotency-key-in-progress",
+          is_contract_problem(dup, "idempotency-key-in-progress"), repr(dup))
     check(f"slow handler: Retry-After ({retry_after!r}) is from the lease: 1 to {LEASE_MS // 1000} s",
           retry_after.isdigit() and 1 <= int(retry_after) <= -(-LEASE_MS // 1000), repr(dup.headers))
     time.sleep(LEASE_MS / 1000 * 1.25)
     late = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
     check("slow handler: past its first lease the claim is still held (the lease was renewed): 409",
-          is_problem(late, 409), repr(late))
+          is_contract_problem(late, "idempotency-key-in-progress"), repr(late))
     t.join(30)
     first = outcome.get("resp")
     check("slow handler: the first request completes: 201", first is not None and first.status == 201, repr(first))
@@ -745,8 +781,9 @@ def scenario_stall_fencing(h):
           stats.get("requests") == 1 and stats.get("charges") == 1, repr(stats))
     t.join(20)
     late = outcome.get("resp")
-    check("stall: the stalled worker's late completion is fenced: it answers 409, not 201",
-          late is not None and is_problem(late, 409), repr(outcome))
+    check("stall: the stalled worker's late completion is fenced: it answers 409, the contract's "
+          "idempotency-key-superseded, not 201",
+          late is not None and is_contract_problem(late, "idempotency-key-superseded"), repr(outcome))
     check("stall: exactly one charge row", h.charges(tenant) == 1, str(h.charges(tenant)))
     again = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
     check("stall: the stalled worker's retry replays the takeover's response",

@@ -34,7 +34,8 @@ export class PermissionDeniedError extends IdempotencyError {}
 /** The installed extension lacks a function or argument this call needs (no SQLSTATE). */
 export class UnsupportedFeatureError extends IdempotencyError {}
 
-const BY_SQLSTATE = {
+/** SQLSTATE -> error class (test/contract.test.js checks it against contract/contract.json). */
+export const BY_SQLSTATE = Object.freeze({
   22004: NullArgumentError,
   22023: InvalidArgumentError,
   IK001: NoLiveRecordError,
@@ -45,7 +46,7 @@ const BY_SQLSTATE = {
   40001: SerializationError,
   '55P03': LockTimeoutError,
   42501: PermissionDeniedError,
-};
+});
 
 /** The typed error for a node-postgres error, or the error itself when its SQLSTATE is not ours. */
 export function mapError(e) {

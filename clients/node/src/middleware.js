@@ -78,7 +78,7 @@ export class Idempotency {
   async #execute(o, handler, req, input) {
     const tenant = await o.tenant(req); // may throw an HttpProblem (401) before anything else
     const parsed = input.keyValues.length === 0 && !o.required ? null : parseIdempotencyKey(input.keyValues);
-    if (parsed?.error) return answer(problems.badKey(parsed.error));
+    if (parsed?.error) return answer(input.keyValues.length === 0 ? problems.missingKey() : problems.badKey());
     const scope = await o.scope({ tenant, method: input.method, route: input.route, req });
     const fp = input.body === undefined ? null : fingerprint(input.body, o.ignore);
     const claim = parsed && { scope, key: parsed.key, fingerprint: fp };

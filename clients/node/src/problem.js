@@ -30,29 +30,41 @@ export class HttpProblem extends Error {
   }
 }
 
-const TYPE = 'urn:pg-idempotency:problem:';
+// The middleware's answers, exactly as contract/contract.json gives them (test/contract.test.js
+// checks this table against it).
+export const PROBLEM_TYPE_PREFIX = 'urn:pg-idempotency:problem:';
+export const PROBLEMS = Object.freeze({
+  'idempotency-key-missing': { status: 400, title: 'Idempotency-Key missing',
+    detail: 'This request requires an Idempotency-Key header.' },
+  'idempotency-key-invalid': { status: 400, title: 'Idempotency-Key invalid',
+    detail: 'The Idempotency-Key header must appear once and hold 1 to 255 characters, none of them control characters.' },
+  'idempotency-key-in-progress': { status: 409, title: 'Request in progress',
+    detail: 'A request with this Idempotency-Key is still being processed. Retry later.', retryAfter: true },
+  'idempotency-key-superseded': { status: 409, title: 'Request taken over',
+    detail: 'This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.', retryAfter: true },
+  'idempotency-key-reused': { status: 422, title: 'Idempotency-Key reused',
+    detail: 'This Idempotency-Key was used with a different request payload. Use a new key for a new request.' },
+  'idempotency-key-expired': { status: 410, title: 'Idempotency-Key expired',
+    detail: 'This Idempotency-Key was used and its stored response has expired. Use a new key.' },
+  'service-unavailable': { status: 503, title: 'Service unavailable',
+    detail: 'The database could not be reached; nothing was done. Retry later.', retryAfter: true },
+  'internal-error': { status: 500, title: 'Internal server error', detail: 'The request failed.' },
+});
+
+/** The contract's answer `slug`, with Retry-After (seconds, at least 1) where it has one. */
+export function contractProblem(slug, retryAfterSeconds = 1) {
+  const p = PROBLEMS[slug];
+  if (!p) throw new Error(`no problem ${slug} in the contract`);
+  const headers = p.retryAfter ? { 'Retry-After': String(Math.max(1, Math.ceil(retryAfterSeconds ?? 1))) } : {};
+  return new HttpProblem(p.status, p.title, { type: PROBLEM_TYPE_PREFIX + slug, detail: p.detail, headers });
+}
 
 export const problems = {
-  badKey: (detail) => new HttpProblem(400, 'Invalid Idempotency-Key', { type: TYPE + 'invalid-idempotency-key', detail }),
-  inProgress: (seconds) => new HttpProblem(409, 'A request with this Idempotency-Key is being processed', {
-    type: TYPE + 'idempotency-key-in-progress',
-    detail: 'The first request with this Idempotency-Key is still being processed. Retry later.',
-    headers: { 'Retry-After': String(Math.max(1, seconds ?? 1)) },
-  }),
-  superseded: () => new HttpProblem(409, 'A request with this Idempotency-Key is being processed', {
-    type: TYPE + 'idempotency-key-superseded',
-    detail: 'This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.',
-    headers: { 'Retry-After': '1' },
-  }),
-  mismatch: () => new HttpProblem(422, 'Idempotency-Key is already used', {
-    type: TYPE + 'idempotency-key-reused',
-    detail: 'This Idempotency-Key was used with a different request payload. Use a new key for a new request.',
-  }),
-  expired: () => new HttpProblem(410, 'Idempotency-Key has expired', {
-    type: TYPE + 'idempotency-key-expired',
-    detail: 'This Idempotency-Key was used and its stored response has expired. Use a new key.',
-  }),
-  internal: () => new HttpProblem(500, 'Internal Server Error', {
-    detail: 'The request failed.',
-  }),
+  missingKey: () => contractProblem('idempotency-key-missing'),
+  badKey: () => contractProblem('idempotency-key-invalid'),
+  inProgress: (seconds) => contractProblem('idempotency-key-in-progress', seconds),
+  superseded: () => contractProblem('idempotency-key-superseded'),
+  mismatch: () => contractProblem('idempotency-key-reused'),
+  expired: () => contractProblem('idempotency-key-expired'),
+  internal: () => contractProblem('internal-error'),
 };

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use clap::Parser;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use pg_idempotency::response::problem;
+use pg_idempotency::response::app_problem;
 use pg_idempotency::{route_of, Disposition, Idem, IdempotencyLayer};
 use serde_json::Value;
 use tokio_postgres::types::Type;
@@ -62,7 +62,7 @@ struct Faults(bool);
 fn tenant(headers: &HeaderMap) -> Result<String, Response> {
     match headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim) {
         Some(t) if !t.is_empty() => Ok(t.to_owned()),
-        _ => Err(problem(401, "unauthorized", "Unauthorized", "The request has no X-Api-Key header.")),
+        _ => Err(app_problem(401, "Unauthorized", "The request has no X-Api-Key header.")),
     }
 }
 
@@ -72,7 +72,7 @@ fn scope(parts: &Parts) -> Result<String, Response> {
 
 fn bad_request(detail: &str) -> Response {
     // Nothing was done: the key is given back.
-    Disposition::Release.mark(problem(400, "invalid-request", "Invalid request", detail))
+    Disposition::Release.mark(app_problem(400, "Invalid request", detail))
 }
 
 async fn create_charge(
@@ -101,7 +101,7 @@ async fn create_charge(
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if fault("x-fault-fail-before") == Some(1) {
-            return Ok(problem(500, "injected-fault", "Injected fault", "Failed before the side effect."));
+            return Ok(app_problem(500, "Injected fault", "Failed before the side effect."));
         }
     }
     let db = idem.db().await?;
@@ -141,7 +141,7 @@ async fn get_charge(
         Ok(Some(row)) => {
             ([(header::CONTENT_TYPE, "application/json")], row.get::<_, String>(0)).into_response()
         }
-        Ok(None) => problem(404, "not-found", "Not found", "No such charge."),
+        Ok(None) => app_problem(404, "Not found", "No such charge."),
         Err(e) => e.into_response(),
     }
 }

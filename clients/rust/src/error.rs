@@ -79,21 +79,30 @@ impl Error {
     }
 }
 
+type Variant = fn(tokio_postgres::Error) -> Error;
+
+/// SQLSTATE -> the variant a database error with it becomes (`src/contract_tests.rs` checks
+/// the codes against contract/contract.json); any other code is [`Error::Db`].
+pub(crate) const BY_SQLSTATE: [(&str, Variant); 11] = [
+    ("22004", Error::NullArgument),
+    ("22023", Error::InvalidArgument),
+    ("54000", Error::TooLarge),
+    ("IK001", Error::NoRecord),
+    ("IK002", Error::NotOwner),
+    ("IK003", Error::AlreadyCompleted),
+    ("25006", Error::ReadOnly),
+    ("40001", Error::Retry),
+    ("40P01", Error::Retry),
+    ("55P03", Error::LockTimeout),
+    ("42501", Error::Privilege),
+];
+
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         let code = e.code().map(|c| c.code().to_owned());
-        match code.as_deref() {
-            Some("22004") => Error::NullArgument(e),
-            Some("22023") => Error::InvalidArgument(e),
-            Some("54000") => Error::TooLarge(e),
-            Some("IK001") => Error::NoRecord(e),
-            Some("IK002") => Error::NotOwner(e),
-            Some("IK003") => Error::AlreadyCompleted(e),
-            Some("25006") => Error::ReadOnly(e),
-            Some("40001" | "40P01") => Error::Retry(e),
-            Some("55P03") => Error::LockTimeout(e),
-            Some("42501") => Error::Privilege(e),
-            _ => Error::Db(e),
+        match BY_SQLSTATE.iter().find(|(c, _)| Some(*c) == code.as_deref()) {
+            Some((_, variant)) => variant(e),
+            None => Error::Db(e),
         }
     }
 }

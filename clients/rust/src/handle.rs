@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::client::{self, Outcome};
 use crate::error::Error;
-use crate::response::{in_progress, problem};
+use crate::response::{in_progress, INTERNAL_ERROR, SUPERSEDED};
 
 /// The recovery point sent by lease renewals before the handler's first checkpoint
 /// (`idem_checkpoint` requires one); read back as "no checkpoint".
@@ -165,7 +165,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Idem {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Idem>().cloned().ok_or_else(|| {
             log::error!("pg-idempotency: an Idem extractor on a route without IdempotencyLayer");
-            problem(500, "internal", "Internal error", "The route is not set up for idempotency.")
+            INTERNAL_ERROR.response(1)
         })
     }
 }
@@ -176,18 +176,12 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         if self.lost_claim() {
             log::warn!("pg-idempotency: the handler lost its claim: {self}");
-            return Disposition::Keep.mark(in_progress(
-                1,
-                "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.",
-            ));
+            return Disposition::Keep.mark(SUPERSEDED.response(1));
         }
         if self.retryable() {
-            return Disposition::Release.mark(in_progress(
-                1,
-                "A request with this Idempotency-Key is being processed. Retry later.",
-            ));
+            return Disposition::Release.mark(in_progress(1));
         }
         log::error!("pg-idempotency: {self}");
-        problem(500, "internal", "Internal error", "The request failed.")
+        INTERNAL_ERROR.response(1)
     }
 }

@@ -18,7 +18,7 @@ use tower_service::Service;
 
 use crate::client;
 use crate::key;
-use crate::response::problem;
+use crate::response::{app_problem, INTERNAL_ERROR, KEY_INVALID, KEY_MISSING};
 use crate::run::{committed_first, error_response, same_transaction, Claiming};
 use crate::settings::{Mode, OnServerError, Settings};
 
@@ -128,24 +128,19 @@ where
                 Ok(r) => Ok(r),
                 Err(e) => {
                     log::error!("pg-idempotency: request task failed: {e}");
-                    Ok(problem(500, "internal", "Internal error", "The request failed."))
+                    Ok(INTERNAL_ERROR.response(1))
                 }
             }
         })
     }
 }
 
-fn key_problem(e: &key::KeyError) -> Response {
-    let title = match e {
-        key::KeyError::Missing => "Idempotency-Key is missing",
-        _ => "Idempotency-Key is malformed",
-    };
-    problem(
-        400,
-        "idempotency-key-invalid",
-        title,
-        &format!("This operation requires a valid Idempotency-Key: {e}."),
-    )
+/// The answer to a missing or malformed Idempotency-Key.
+pub(crate) fn key_problem(e: &key::KeyError) -> Response {
+    match e {
+        key::KeyError::Missing => KEY_MISSING.response(1),
+        _ => KEY_INVALID.response(1),
+    }
 }
 
 async fn handle<S>(cfg: Arc<Settings>, inner: S, req: Request) -> Response
@@ -165,7 +160,13 @@ where
     };
     let bytes = match to_bytes(body, cfg.max_body).await {
         Ok(b) => b,
-        Err(_) => return problem(413, "body-too-large", "Request body too large", "The body is too large."),
+        Err(_) => {
+            return app_problem(
+                413,
+                "Content too large",
+                "The request body is larger than this route accepts.",
+            )
+        }
     };
     let features = match cfg
         .features

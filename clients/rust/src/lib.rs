@@ -11,6 +11,8 @@
 #![allow(clippy::result_large_err)]
 
 pub mod client;
+#[cfg(test)]
+mod contract_tests;
 mod error;
 mod handle;
 pub mod key;

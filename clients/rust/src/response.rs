@@ -9,10 +9,112 @@ use serde_json::{json, Map, Value};
 /// The header a replayed response carries.
 pub const REPLAYED: &str = "idempotent-replayed";
 
-/// An RFC 9457 problem: `type` is `urn:pg-idempotency:<slug>`.
+/// The problem types' common prefix (contract/contract.json, "problem_type_prefix").
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:pg-idempotency:problem:";
+
+/// One of the middleware's own answers, exactly as contract/contract.json gives it
+/// (`src/contract_tests.rs` checks [`PROBLEMS`] against it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Problem {
+    pub slug: &'static str,
+    pub status: u16,
+    pub title: &'static str,
+    pub detail: &'static str,
+    /// Sent with `Retry-After`.
+    pub retry_after: bool,
+}
+
+pub const KEY_MISSING: Problem = Problem {
+    slug: "idempotency-key-missing",
+    status: 400,
+    title: "Idempotency-Key missing",
+    detail: "This request requires an Idempotency-Key header.",
+    retry_after: false,
+};
+pub const KEY_INVALID: Problem = Problem {
+    slug: "idempotency-key-invalid",
+    status: 400,
+    title: "Idempotency-Key invalid",
+    detail: "The Idempotency-Key header must appear once and hold 1 to 255 characters, none of them control characters.",
+    retry_after: false,
+};
+pub const IN_PROGRESS: Problem = Problem {
+    slug: "idempotency-key-in-progress",
+    status: 409,
+    title: "Request in progress",
+    detail: "A request with this Idempotency-Key is still being processed. Retry later.",
+    retry_after: true,
+};
+pub const SUPERSEDED: Problem = Problem {
+    slug: "idempotency-key-superseded",
+    status: 409,
+    title: "Request taken over",
+    detail: "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.",
+    retry_after: true,
+};
+pub const REUSED: Problem = Problem {
+    slug: "idempotency-key-reused",
+    status: 422,
+    title: "Idempotency-Key reused",
+    detail:
+        "This Idempotency-Key was used with a different request payload. Use a new key for a new request.",
+    retry_after: false,
+};
+pub const EXPIRED: Problem = Problem {
+    slug: "idempotency-key-expired",
+    status: 410,
+    title: "Idempotency-Key expired",
+    detail: "This Idempotency-Key was used and its stored response has expired. Use a new key.",
+    retry_after: false,
+};
+pub const SERVICE_UNAVAILABLE: Problem = Problem {
+    slug: "service-unavailable",
+    status: 503,
+    title: "Service unavailable",
+    detail: "The database could not be reached; nothing was done. Retry later.",
+    retry_after: true,
+};
+pub const INTERNAL_ERROR: Problem = Problem {
+    slug: "internal-error",
+    status: 500,
+    title: "Internal server error",
+    detail: "The request failed.",
+    retry_after: false,
+};
+pub const PROBLEMS: [Problem; 8] =
+    [KEY_MISSING, KEY_INVALID, IN_PROGRESS, SUPERSEDED, REUSED, EXPIRED, SERVICE_UNAVAILABLE, INTERNAL_ERROR];
+
+impl Problem {
+    /// The answer; `Retry-After` (whole seconds, at least 1) where the problem has one.
+    pub fn response(&self, retry_after_secs: u64) -> Response {
+        let mut r = problem_with_type(
+            self.status,
+            &format!("{PROBLEM_TYPE_PREFIX}{}", self.slug),
+            self.title,
+            self.detail,
+        );
+        if self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
+        }
+        r
+    }
+}
+
+/// An RFC 9457 problem with `type` `urn:pg-idempotency:problem:<slug>`: that namespace is the
+/// contract's, so give only a slug of [`PROBLEMS`]; an application's own answers are [`app_problem`].
 pub fn problem(status: u16, slug: &str, title: &str, detail: &str) -> Response {
+    problem_with_type(status, &format!("{PROBLEM_TYPE_PREFIX}{slug}"), title, detail)
+}
+
+/// An application's own RFC 9457 problem (a 401, a validation error): `type` is `about:blank`,
+/// as in the Python and Node packages.
+pub fn app_problem(status: u16, title: &str, detail: &str) -> Response {
+    problem_with_type(status, "about:blank", title, detail)
+}
+
+fn problem_with_type(status: u16, problem_type: &str, title: &str, detail: &str) -> Response {
     let body = json!({
-        "type": format!("urn:pg-idempotency:{slug}"),
+        "type": problem_type,
         "title": title,
         "status": status,
         "detail": detail,
@@ -24,16 +126,9 @@ pub fn problem(status: u16, slug: &str, title: &str, detail: &str) -> Response {
         .expect("a valid response")
 }
 
-/// 409 with `Retry-After` in whole seconds, at least 1.
-pub fn in_progress(retry_after_secs: u64, detail: &str) -> Response {
-    let mut r = problem(
-        409,
-        "idempotency-key-in-progress",
-        "A request is outstanding for this Idempotency-Key",
-        detail,
-    );
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
-    r
+/// The contract's 409 `in_progress` answer, with `Retry-After` in whole seconds, at least 1.
+pub fn in_progress(retry_after_secs: u64) -> Response {
+    IN_PROGRESS.response(retry_after_secs)
 }
 
 /// Whether a Content-Type names JSON (`application/json`, `application/problem+json`, ...).

@@ -18,15 +18,17 @@ use tower_service::Service;
 use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
 use crate::error::Error;
 use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
-use crate::response::{body_bytes, from_stored, in_progress, problem, to_stored};
+use crate::response::{
+    body_bytes, from_stored, in_progress, to_stored, EXPIRED, INTERNAL_ERROR, REUSED, SUPERSEDED,
+};
 use crate::settings::{Mode, OnServerError, Settings};
 
 pub(crate) fn error_response(what: &str, e: &Error) -> Response {
     if e.retryable() {
-        return in_progress(1, "Another request with this Idempotency-Key is being processed. Retry later.");
+        return in_progress(1);
     }
     log::error!("pg-idempotency: {what}: {e}");
-    problem(500, "internal", "Internal error", "The request failed; it was not carried out.")
+    INTERNAL_ERROR.response(1)
 }
 
 /// The answers to `replay`, `in_progress`, `mismatch` and `expired`: the handler does not run.
@@ -37,22 +39,9 @@ pub(crate) fn answer_without_work(c: &Claim) -> Response {
             let body = body_bytes(&headers, c.response_body.as_ref(), c.response_body_text.as_deref());
             from_stored(c.response_status.unwrap_or(500), &headers, body, true)
         }
-        Outcome::InProgress => in_progress(
-            c.lease_left.map_or(1, |d| d.as_secs_f64().ceil() as u64),
-            "The first request with this Idempotency-Key is still being processed. Retry later.",
-        ),
-        Outcome::Mismatch => problem(
-            422,
-            "idempotency-key-reused",
-            "Idempotency-Key is already used",
-            "This Idempotency-Key was used with a different request payload. Use a new key for a new request.",
-        ),
-        Outcome::Expired => problem(
-            410,
-            "idempotency-key-expired",
-            "Idempotency-Key has expired",
-            "This Idempotency-Key was used and has expired. Use a new key for a new request.",
-        ),
+        Outcome::InProgress => in_progress(c.lease_left.map_or(1, |d| d.as_secs_f64().ceil() as u64)),
+        Outcome::Mismatch => REUSED.response(1),
+        Outcome::Expired => EXPIRED.response(1),
         Outcome::Claimed | Outcome::Reclaimed => unreachable!("the caller owns the claim"),
     }
 }
@@ -137,7 +126,7 @@ where
         Ok(Ok(r)) => r,
         Err(e) => {
             log::error!("pg-idempotency: the handler failed: {e}");
-            problem(500, "internal", "Internal error", "The request failed.")
+            INTERNAL_ERROR.response(1)
         }
     }
 }
@@ -199,7 +188,7 @@ where
     let shared = r.shared(&claim, tx.0.take());
     let response = run_handler(inner, parts, r.body.clone(), Idem(shared.clone())).await;
     let Some(conn) = shared.conn.lock().await.take() else {
-        return problem(500, "internal", "Internal error", "The transaction was lost.");
+        return INTERNAL_ERROR.response(1);
     };
     let tx = InTransaction(Some(conn));
     match r.disposition(&response) {
@@ -231,13 +220,13 @@ async fn store(
     let (parts, body) = response.into_parts();
     let bytes = to_bytes(body, usize::MAX).await.map_err(|e| {
         log::error!("pg-idempotency: reading the handler's response: {e}");
-        problem(500, "internal", "Internal error", "The response could not be read.")
+        INTERNAL_ERROR.response(1)
     })?;
     let stored = match to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers) {
         Ok(s) => s,
         Err(why) => {
             log::error!("pg-idempotency: the response cannot be stored ({}); claim released", why.0);
-            return Err(problem(500, "internal", "Internal error", "The response could not be stored."));
+            return Err(INTERNAL_ERROR.response(1));
         }
     };
     let done = client::complete(
@@ -261,10 +250,7 @@ async fn store(
                 shared.scope,
                 shared.key
             );
-            Err(in_progress(
-                1,
-                "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.",
-            ))
+            Err(SUPERSEDED.response(1))
         }
         Err(e) => Err(error_response("idem_complete", &e)),
     }
@@ -303,13 +289,13 @@ where
     let response = tokio::select! {
         done = handler => done.unwrap_or_else(|e| {
             log::error!("pg-idempotency: the handler task failed: {e}");
-            problem(500, "internal", "Internal error", "The request failed.")
+            INTERNAL_ERROR.response(1)
         }),
         lost = renew(&shared) => {
             abort.abort();
             log::warn!("pg-idempotency: {} key={:?}: claim lost while the handler ran ({lost}); handler stopped",
                        shared.scope, shared.key);
-            return in_progress(1, "This attempt lost its claim on the Idempotency-Key to a later one. Retry to get the result.");
+            return SUPERSEDED.response(1);
         }
     };
     let tx = shared.conn.lock().await.take().map(|c| InTransaction(Some(c)));

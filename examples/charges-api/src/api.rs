@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
-use pg_idempotency::response::problem;
+use pg_idempotency::response::app_problem;
 use pg_idempotency::{route_of, Disposition, Error, Idem, IdempotencyLayer, Outcome};
 use serde_json::{json, Value};
 use tokio_postgres::types::Type;
@@ -103,7 +103,7 @@ impl App {
 
 fn tenant_of(headers: &HeaderMap) -> Result<String, Response> {
     let unauthorized = |detail: &str| {
-        let mut r = problem(401, "unauthorized", "Unauthorized", detail);
+        let mut r = app_problem(401, "Unauthorized", detail);
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey realm=\"charges\""));
         r
@@ -132,8 +132,7 @@ struct Charge {
 /// A refused body: nothing was done, so the key is given back.
 fn parse_charge(headers: &HeaderMap, body: &Bytes) -> Result<Charge, Response> {
     let tenant = tenant_of(headers)?;
-    let invalid =
-        |detail: &str| Disposition::Release.mark(problem(400, "invalid-request", "Invalid request", detail));
+    let invalid = |detail: &str| Disposition::Release.mark(app_problem(400, "Invalid request", detail));
     let payload: Value =
         serde_json::from_slice(body).map_err(|e| invalid(&format!("The body is not JSON: {e}.")))?;
     let amount = match &payload["amount"] {
@@ -158,7 +157,7 @@ async fn faults_before_side_effect(app: &App, headers: &HeaderMap) -> Result<(),
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     if app.fault_ms(headers, "x-fault-fail-before") == Some(1) {
-        return Err(problem(500, "injected-fault", "Injected fault", "Failed before the side effect."));
+        return Err(app_problem(500, "Injected fault", "Failed before the side effect."));
     }
     Ok(())
 }
@@ -253,24 +252,15 @@ async fn external(app: &App, idem: &Idem, headers: &HeaderMap, c: &Charge) -> Re
             }
             // A decline is a final answer: stored (below 500), replayed like a success.
             Ok(a) if a.status == 402 => {
-                return Ok(problem(
-                    402,
-                    "card-declined",
-                    "Payment declined",
-                    "The gateway declined the charge.",
-                ))
+                return Ok(app_problem(402, "Payment declined", "The gateway declined the charge."))
             }
             Ok(a) => return Ok(gateway_unknown(app, &format!("the gateway answered {}", a.status))),
             Err(GatewayError::NotReached(e)) if idem.outcome() == Outcome::Claimed => {
                 // The operation's first attempt, and nothing reached the gateway: give the key
                 // back, the client's retry runs as new.
                 log::warn!("charges-api: gateway not reached ({e}); claim released");
-                let mut r = problem(
-                    503,
-                    "gateway-unavailable",
-                    "Payment gateway unavailable",
-                    "Nothing was charged. Retry later.",
-                );
+                let mut r =
+                    app_problem(503, "Payment gateway unavailable", "Nothing was charged. Retry later.");
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
                 return Ok(Disposition::Release.mark(r));
             }
@@ -284,7 +274,7 @@ async fn external(app: &App, idem: &Idem, headers: &HeaderMap, c: &Charge) -> Re
     }
     if point != "gateway_charged" {
         log::error!("charges-api: unknown recovery_point {point:?}");
-        return Ok(problem(500, "internal", "Internal error", "Unknown recovery point."));
+        return Ok(app_problem(500, "Internal error", "Unknown recovery point."));
     }
     if let Some(ms) = app.fault_ms(headers, "x-fault-pause-after-gateway-ms") {
         log::warn!(
@@ -300,10 +290,7 @@ async fn external(app: &App, idem: &Idem, headers: &HeaderMap, c: &Charge) -> Re
 
 fn gateway_unknown(app: &App, why: &str) -> Response {
     log::warn!("charges-api: gateway outcome unknown ({why}); claim kept for a retry");
-    let mut r = problem(
-        502,
-        "gateway-outcome-unknown",
-        "Payment gateway did not answer",
+    let mut r = app_problem(502, "Payment gateway did not answer",
         "The charge may or may not have been made. Retry with the same Idempotency-Key: it will not be charged twice.",
     );
     let secs = app.0.lease.as_millis().div_ceil(1000).max(1) as u64;
@@ -329,7 +316,7 @@ async fn get_charge(State(app): State<App>, headers: HeaderMap, Path(id): Path<S
         Ok(Some(row)) => {
             ([(header::CONTENT_TYPE, "application/json")], row.get::<_, String>(0)).into_response()
         }
-        Ok(None) => problem(404, "not-found", "Not found", "No such charge."),
+        Ok(None) => app_problem(404, "Not found", "No such charge."),
         Err(e) => e.into_response(),
     }
 }

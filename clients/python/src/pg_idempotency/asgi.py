@@ -141,7 +141,7 @@ class IdempotencyMiddleware:
                 return r.answer
             except (IdempotencyError, psycopg.Error) as e:
                 log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-                return http.problem(500, "Internal Server Error", "the request could not be recorded")
+                return http.contract_problem("internal-error")
 
     async def in_transaction(self, conn: psycopg.AsyncConnection, scope: Scope, body: bytes, idem_scope: str,
                              key: str, fingerprint: str, policy: RoutePolicy) -> Answer:
@@ -155,7 +155,7 @@ class IdempotencyMiddleware:
             status, headers, out = await run_app(self.app, scope, body, ctx)
         except Exception:
             log.exception("handler failed; the claim and its writes are rolled back")
-            failed = http.problem(500, "Internal Server Error", "the request failed; nothing was recorded")
+            failed = http.contract_problem("internal-error")
             raise _RolledBack(failed) from None
         if not policy.stores(status):
             raise _RolledBack(Answer(status, headers, out))
@@ -170,8 +170,7 @@ class IdempotencyMiddleware:
             claim = await self.claim_committed(idem_scope, key, fingerprint, policy)
         except (IdempotencyError, psycopg.Error) as e:
             log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
-            return http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
-                                [("Retry-After", "1")])
+            return http.contract_problem("service-unavailable")
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, None)
@@ -195,10 +194,10 @@ class IdempotencyMiddleware:
                 async with self.pool.connection() as conn:
                     await self.client.release(conn, idem_scope, key, claim.token)  # type: ignore[arg-type]
             if failed:
-                return http.problem(500, "Internal Server Error", "the request failed")
+                return http.contract_problem("internal-error")
             return Answer(status, headers, out)
         if failed:
-            problem = http.problem(500, "Internal Server Error", "the request failed")
+            problem = http.contract_problem("internal-error")
             status, headers, out = problem.status, problem.headers, problem.body
         text, stored = http.storable(policy, headers, out)
         try:

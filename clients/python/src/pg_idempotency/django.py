@@ -155,7 +155,7 @@ class IdempotencyMiddleware:
             log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
             return to_response(http.fenced_answer())
         log.error("view failed: %r", exception, exc_info=exception)
-        return to_response(http.problem(500, "Internal Server Error", "the request failed"))
+        return to_response(http.contract_problem("internal-error"))
 
     def claim(self, conn: psycopg.Connection, idem_scope: str, key: str, fingerprint: str,
               policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
@@ -190,7 +190,7 @@ class IdempotencyMiddleware:
             return r.response
         except (IdempotencyError, psycopg.Error) as e:
             log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-            return to_response(http.problem(500, "Internal Server Error", "the request could not be recorded"))
+            return to_response(http.contract_problem("internal-error"))
 
     def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                        policy: RoutePolicy) -> HttpResponse:
@@ -215,8 +215,7 @@ class IdempotencyMiddleware:
             claim = self.claim_committed(idem_scope, key, fingerprint, policy)
         except (IdempotencyError, psycopg.Error) as e:
             log.error("the claim of %s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
-            return to_response(http.problem(503, "Service Unavailable", "the request could not be claimed; retry",
-                                            [("Retry-After", "1")]))
+            return to_response(http.contract_problem("service-unavailable"))
         conn = raw_connection(self.alias)
         if not claim.owned:
             return to_response(http.answer_without_work(claim))

@@ -74,14 +74,76 @@ class Refused(Exception):
     """Raised by a scope or tenant function (or the key parser) to answer at once with a
     problem, before anything is claimed."""
 
-    def __init__(self, status: int, title: str, detail: str, headers: Sequence[tuple[str, str]] = ()):
+    def __init__(self, status: int, title: str, detail: str, headers: Sequence[tuple[str, str]] = (),
+                 *, answer: Answer | None = None):
         super().__init__(detail)
-        self.answer = problem(status, title, detail, headers)
+        self.answer = answer or problem(status, title, detail, headers)
+
+    @classmethod
+    def contract(cls, slug: str, reason: str) -> Refused:
+        """Refused with the contract's answer `slug`; `reason` (why) is the exception's message."""
+        p = PROBLEMS[slug]
+        return cls(p.status, p.title, reason, answer=contract_problem(slug))
 
 
-def problem(status: int, title: str, detail: str, headers: Iterable[tuple[str, str]] = ()) -> Answer:
-    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+def problem(status: int, title: str, detail: str, headers: Iterable[tuple[str, str]] = (),
+            type: str = "about:blank") -> Answer:
+    """An RFC 9457 problem answer. The application's own problems are `about:blank`; the
+    middleware's are the contract's (contract_problem)."""
+    body = json.dumps({"type": type, "title": title, "status": status, "detail": detail}).encode()
     return Answer(status, [("Content-Type", PROBLEM_TYPE), *headers], body)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One of the contract's problem answers (contract/contract.json, "problems")."""
+
+    status: int
+    title: str
+    detail: str
+    retry_after: bool = False
+
+
+# The middleware's answers, exactly as contract/contract.json gives them (tests/test_contract.py
+# checks this table against it).
+PROBLEM_TYPE_PREFIX = "urn:pg-idempotency:problem:"
+PROBLEMS: dict[str, Problem] = {
+    "idempotency-key-missing": Problem(400, "Idempotency-Key missing",
+                                       "This request requires an Idempotency-Key header."),
+    "idempotency-key-invalid": Problem(400, "Idempotency-Key invalid",
+                                       "The Idempotency-Key header must appear once and hold 1 to 255 characters, "
+                                       "none of them control characters."),
+    "idempotency-key-in-progress": Problem(409, "Request in progress",
+                                           "A request with this Idempotency-Key is still being processed. "
+                                           "Retry later.", retry_after=True),
+    "idempotency-key-superseded": Problem(409, "Request taken over",
+                                          "This attempt lost its claim on the Idempotency-Key to a later one. "
+                                          "Retry to get the result.", retry_after=True),
+    "idempotency-key-reused": Problem(422, "Idempotency-Key reused",
+                                      "This Idempotency-Key was used with a different request payload. "
+                                      "Use a new key for a new request."),
+    "idempotency-key-expired": Problem(410, "Idempotency-Key expired",
+                                       "This Idempotency-Key was used and its stored response has expired. "
+                                       "Use a new key."),
+    "service-unavailable": Problem(503, "Service unavailable",
+                                   "The database could not be reached; nothing was done. Retry later.",
+                                   retry_after=True),
+    "internal-error": Problem(500, "Internal server error", "The request failed."),
+}
+
+# The problem each outcome that runs nothing answers with (replay answers the stored response).
+OUTCOME_PROBLEMS = {
+    Outcome.IN_PROGRESS: "idempotency-key-in-progress",
+    Outcome.MISMATCH: "idempotency-key-reused",
+    Outcome.EXPIRED: "idempotency-key-expired",
+}
+
+
+def contract_problem(slug: str, retry_after: int = 1) -> Answer:
+    """The contract's answer `slug`, with Retry-After (seconds, at least 1) where it has one."""
+    p = PROBLEMS[slug]
+    headers = [("Retry-After", str(max(1, retry_after)))] if p.retry_after else []
+    return problem(p.status, p.title, p.detail, headers, type=PROBLEM_TYPE_PREFIX + slug)
 
 
 _BARE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
@@ -94,9 +156,9 @@ def parse_key(values: Sequence[bytes]) -> str:
     the same key, and so is a bare value of token characters starting with a digit (bare
     UUIDs, as most clients send them). Parameters are refused. 1-255 printable ASCII."""
     if not values:
-        raise Refused(400, "Missing Idempotency-Key", "this route requires an Idempotency-Key header")
+        raise Refused.contract("idempotency-key-missing", "this route requires an Idempotency-Key header")
     if len(values) > 1:
-        raise Refused(400, "Bad Idempotency-Key", "the Idempotency-Key header must appear once")
+        raise Refused.contract("idempotency-key-invalid", "the Idempotency-Key header must appear once")
     raw = values[0].strip(b" \t")
     item = http_sfv.Item()
     try:
@@ -107,12 +169,12 @@ def parse_key(values: Sequence[bytes]) -> str:
         value, ok = None, False
     if not ok:
         if not _BARE.fullmatch(raw):
-            raise Refused(400, "Bad Idempotency-Key",
-                          "the Idempotency-Key must be a quoted string (RFC 8941) of printable ASCII")
+            raise Refused.contract("idempotency-key-invalid",
+                                   "the Idempotency-Key must be a quoted string (RFC 8941) of printable ASCII")
         value = raw.decode("ascii")
     assert isinstance(value, str)
     if not 1 <= len(value) <= MAX_KEY_CHARS:
-        raise Refused(400, "Bad Idempotency-Key", f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
+        raise Refused.contract("idempotency-key-invalid", f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
     return value
 
 
@@ -199,24 +261,14 @@ def answer_without_work(claim: Claim) -> Answer:
     """The answer to every outcome but claimed / reclaimed."""
     if claim.outcome == Outcome.REPLAY:
         return replay_answer(claim)
-    if claim.outcome == Outcome.IN_PROGRESS:
-        return problem(409, "Request in progress",
-                       "a request with this Idempotency-Key is still being processed; retry later",
-                       [("Retry-After", str(claim.retry_after or 1))])
-    if claim.outcome == Outcome.MISMATCH:
-        return problem(422, "Idempotency-Key reused",
-                       "this Idempotency-Key was used with a different request")
-    if claim.outcome == Outcome.EXPIRED:
-        return problem(410, "Idempotency-Key expired",
-                       "this Idempotency-Key was used before and its stored response has expired")
+    if claim.outcome in OUTCOME_PROBLEMS:
+        return contract_problem(OUTCOME_PROBLEMS[claim.outcome], claim.retry_after or 1)
     raise ValueError(f"outcome {claim.outcome} needs work, not an answer")
 
 
 def fenced_answer() -> Answer:
     """A committed-first handler whose claim was taken over meanwhile: not a success."""
-    return problem(409, "Request taken over",
-                   "another attempt with this Idempotency-Key took the request over; retry to get its answer",
-                   [("Retry-After", "1")])
+    return contract_problem("idempotency-key-superseded")
 
 
 def default_scope(tenant: str, method: str, route: str) -> str:

@@ -12,7 +12,8 @@
 #   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
 #   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)
 #   pg_cron       the sweep scheduled by pg_cron (15 only: Debian ships pg_cron for 15)
-#   upgrade       every frozen release, ALTER EXTENSION UPDATE
+#   upgrade       every frozen release of both editions upgraded to the current one
+#   parity        a fresh native and a fresh portable install against each other and contract/contract.json
 #   completer     examples/completer.py --self-test     stress     32 sessions, kills, one crash
 #   security      privileges, RLS, search_path, dump/restore with that major's own pg_dump, standby
 #   client-examples  the Python, Node and Rust client examples
@@ -20,6 +21,7 @@
 #   bench-smoke   the benchmark scripts, tiny runs (on 15)
 #   citus         Citus, where installed (skipped with a message otherwise)
 #   meta          META.json against Cargo.toml, the control file, the changelog
+#   release       scripts/release.sh 0.0.0-test in a scratch copy moves every version string
 #   package       the .deb for 15 (dpkg -i / -r, lintian) and the tarball for 18
 #   monitoring    prometheus-postgres-exporter scraped, alert rules (promtool)
 #   python-client / node-client / rust-client   the client packages (on 15, with PgBouncer)
@@ -66,6 +68,7 @@ register_suites() {
     register isolation       each fast cluster installcheck isolation
     register pg_cron         each full ext     tests/pg_cron/run.sh
     register upgrade         each full ext     tests/upgrade/run.sh
+    register parity          each full ext     tests/parity/run.sh
     register completer       each full cluster completer
     register stress          each full ext     stress
     register security        each full ext     tests/security/run.sh
@@ -75,6 +78,7 @@ register_suites() {
     register citus           each full ext     tests/citus/run.sh
     # Suites of the packaging, monitoring, portable-edition and client-package work.
     register meta            once full -       tests/package/meta.sh
+    register release         once full -       tests/package/release.sh
     register package         once full -       tests/package/run.sh
     register monitoring      each full ext     tests/monitoring/run.sh
     register python-client   15   full ext     clients/python/test.sh

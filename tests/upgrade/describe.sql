@@ -13,6 +13,7 @@
 --   column      a column of a table, view or composite type: position, type, NOT NULL, default
 --   constraint, index, view (its definition), type (with its comment), config_dump (the
 --               tables whose rows pg_dump keeps, where idempotency is an extension)
+-- Every line but a function's whole definition is one line of text.
 --     psql -X -q -At -f tests/upgrade/describe.sql DB
 \pset format unaligned
 \pset tuples_only on
@@ -57,7 +58,7 @@ SELECT line FROM (
     SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid)
       FROM rel c JOIN pg_catalog.pg_index i ON i.indrelid = c.oid
     UNION ALL
-    SELECT 'view ' || c.relname || ' ' || pg_catalog.pg_get_viewdef(c.oid)
+    SELECT 'view ' || c.relname || ' ' || pg_catalog.regexp_replace(pg_catalog.pg_get_viewdef(c.oid), '\s+', ' ', 'g')
       FROM rel c WHERE c.relkind IN ('v', 'm')
     UNION ALL
     SELECT 'type ' || t.typname || ' ' || t.typtype::text

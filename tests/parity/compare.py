@@ -81,6 +81,39 @@ def norm_default(d):
         d = m.group(1)
 
 
+INTERVAL_UNITS = {"ms": 0.001, "millisecond": 0.001, "s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60,
+                  "h": 3600, "hour": 3600, "day": 86400}
+
+
+def interval_seconds(literal):
+    """'4 ms', '5 minutes', '1 day 02:00:00', '00:00:00.004' -> seconds; None if unreadable."""
+    text = literal.strip("'").strip().lower()
+    total = 0.0
+    parts = re.findall(r"(-?[0-9.]+)\s*([a-z]+)", text)
+    for number, unit in parts:
+        factor = INTERVAL_UNITS.get(unit.rstrip("s")) or INTERVAL_UNITS.get(unit)
+        if factor is None:
+            return None
+        total += float(number) * factor
+    clock = re.search(r"(-?)([0-9]+):([0-9]+):([0-9.]+)$", text)
+    if clock:
+        sign = -1 if clock.group(1) else 1
+        total += sign * (int(clock.group(2)) * 3600 + int(clock.group(3)) * 60 + float(clock.group(4)))
+    elif not parts:
+        return None
+    return total
+
+
+def same_default(arg):
+    """An argument with an interval default as a number of seconds, so that '4 ms' and
+    '00:00:00.004' (how PostgreSQL prints it back) compare equal."""
+    if arg["type"] == "interval" and arg["default"] not in (None, "NULL"):
+        seconds = interval_seconds(arg["default"])
+        if seconds is not None:
+            return dict(arg, default=f"{seconds:g} s")
+    return arg
+
+
 def parse_column(text):
     """'name type' -> (name, normalized type)."""
     name, _, typ = text.strip().partition(" ")
@@ -93,7 +126,7 @@ def parse_arg(text):
     if words[0] in ("IN", "OUT", "INOUT", "VARIADIC"):
         words = words[1].split(" ", 1)
     name, typ = words[0].strip('"'), words[1]
-    return {"name": name, "type": norm_type(typ), "default": norm_default(default) if default else None}
+    return same_default({"name": name, "type": norm_type(typ), "default": norm_default(default) if default else None})
 
 
 def parse_signature(line):
@@ -136,7 +169,7 @@ def contract_function(f):
     return {
         "name": f["name"],
         "kind": f.get("kind", "function"),
-        "args": [{"name": a["name"], "type": norm_type(a["type"]), "default": norm_default(a.get("default"))}
+        "args": [same_default({"name": a["name"], "type": norm_type(a["type"]), "default": norm_default(a.get("default"))})
                  for a in f.get("args", [])],
         "returns": returns,
         "columns": [(c["name"], norm_type(c["type"])) for c in columns] if columns else None,
@@ -255,7 +288,7 @@ def self_test():
                           "pause interval DEFAULT '00:00:00.004'::interval, tags text[] DEFAULT '{a,\"b, c\"}'::text[])"
                           " returns idempotency.claim_result volatile parallel unsafe")
     expect("argument names", ["scope", "key", "fingerprint", "pause", "tags"], [a["name"] for a in sig["args"]])
-    expect("defaults without casts", [None, None, "NULL", "'00:00:00.004'", "'{a,\"b, c\"}'"],
+    expect("defaults without casts, intervals in seconds", [None, None, "NULL", "0.004 s", "'{a,\"b, c\"}'"],
            [a["default"] for a in sig["args"]])
     expect("types", ["text", "text", "text", "interval", "text[]"], [a["type"] for a in sig["args"]])
     expect("result without the schema", "claim_result", sig["returns"])
@@ -269,6 +302,8 @@ def self_test():
            contract_function({"name": "idem_sweep_all", "kind": "procedure", "returns": None, "volatility": "volatile",
                               "strict": False, "parallel": "unsafe",
                               "args": [{"name": "batch_size", "type": "int", "default": "200"}]}), proc)
+    expect("intervals as written and as printed", [0.004, 300.0, 93600.0, 0.004, None],
+           [interval_seconds(x) for x in ("'4 ms'", "'5 minutes'", "'1 day 02:00:00'", "'00:00:00.004'", "'soon'")])
     import io
     out = io.StringIO()
     report = Report(out)

@@ -11,9 +11,11 @@
 #   - the meta suite, run in the scratch copy, passes every check but one: the native frozen
 #     install script, which only a build writes (--no-build skips it; a real release builds);
 #   - a second run, or a malformed version, refuses and changes nothing.
-# What it does not check: that the skeletons upgrade a database (tests/upgrade/run.sh does
-# that for every release once it is made) or the build's freezing step (cargo pgrx schema).
-# No build, no server: seconds.
+#   - the portable release OLD plus the skeleton upgrade file equals a fresh install of the
+#     new portable release file (a throwaway PostgreSQL cluster on a unix socket).
+# What it does not check: the native skeleton as an update script (tests/upgrade/run.sh does,
+# for every release once it is made) or the build's freezing step (cargo pgrx schema).
+# No build: seconds.
 #   tests/package/release.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
@@ -22,7 +24,7 @@ NEW=0.0.0-test
 OLD=$(extension_version)
 SCRATCH=$(dir_of release)/tree
 rm -rf "$(dir_of release)" && mkdir -p "$SCRATCH"
-trap 'rm -rf "$(dir_of release)"' EXIT
+trap 'cluster_stop "$(dir_of release)/pg"; rm -rf "$(dir_of release)"' EXIT
 
 # The working tree's files (tracked and new, not ignored), into a fresh git repository.
 while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done < <(git ls-files -z -co --exclude-standard) |
@@ -80,6 +82,26 @@ meta=$(cd / && env -u ROOT bash "$SCRATCH/tests/package/meta.sh" 2>&1)
 check "the meta suite in the scratch copy: only the native frozen install script is missing (--no-build)" \
     "FAIL sql/releases holds the frozen install script of $NEW: expected 'yes', got 'no'" "$(grep '^FAIL' <<<"$meta")"
 check_match "... and it passes every other check" '^meta: [0-9]+ passed, 1 failed$' "$(tail -n 1 <<<"$meta")"
+
+# What release.sh wrote upgrades: the portable release OLD plus the skeleton upgrade file is a
+# fresh install of NEW (the upgrade suite's comparison, on a unix-socket-only cluster).
+if use_major "${PG_MAJOR:-15}" 2>/dev/null; then
+    pgdir=$(dir_of release)/pg
+    if cluster_fresh "$pgdir" "$(port_of parity)" "listen_addresses = ''" >/dev/null; then
+        pq() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$pgdir/socket" -p "$(port_of parity)" -U postgres "$@"; }
+        pq -d postgres -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded"
+        pq -d fresh -1 -f "$release" >/dev/null
+        pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD.sql" >/dev/null
+        pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD--$NEW.sql" >/dev/null
+        check "portable $OLD + the skeleton upgrade file = a fresh install of $NEW (tests/upgrade/describe.sql)" \
+            "$(pq -d fresh -f "$SCRATCH/tests/upgrade/describe.sql")" "$(pq -d upgraded -f "$SCRATCH/tests/upgrade/describe.sql")"
+        cluster_stop "$pgdir"
+    else
+        fail "a PostgreSQL $PG_MAJOR cluster in $pgdir"
+    fi
+else
+    skip "portable $OLD + the skeleton upgrade file = a fresh install of $NEW" "no PostgreSQL ${PG_MAJOR:-15} here"
+fi
 
 # Refusals change nothing.
 g add -A && g commit -qm "after the release"

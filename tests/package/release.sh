@@ -19,7 +19,7 @@
 #   tests/package/release.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 NEW=0.0.0-test
 OLD=$(extension_version)
 SCRATCH=$(dir_of release)/tree
@@ -36,7 +36,7 @@ out=$(cd "$SCRATCH" && scripts/release.sh --no-build "$NEW" 2>&1)
 status=$?
 echo "$out" | sed 's/^/  release.sh: /'
 check "scripts/release.sh --no-build $NEW succeeds" 0 "$status"
-o=$(sed 's/[.]/\\./g' <<<"$OLD")
+o=${OLD//./\\.}
 # A mention of OLD as a version (for 1.2.3: not 1.2.30, nor 11.2.3).
 mentions() { g grep -nE "(^|[^0-9.])$o(\$|[^0-9.]|\\.[^0-9])" -- "$@"; }
 

@@ -10,7 +10,7 @@
 #   tests/parity/run.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=$(dir_of parity)
 PORT=$(port_of parity)
 

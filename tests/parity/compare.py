@@ -62,8 +62,7 @@ def closing_paren(text, open_at):
 
 def norm_type(t):
     t = t.strip().lower()
-    if t.startswith(SCHEMA):
-        t = t[len(SCHEMA):]
+    t = t.removeprefix(SCHEMA)
     array = t.endswith("[]")
     base = t[:-2] if array else t
     return TYPE_ALIASES.get(base, base) + ("[]" if array else "")
@@ -75,7 +74,7 @@ def norm_default(d):
         return None
     d = d.strip()
     while True:
-        m = re.match(r"^(.*)::[a-z ]+(\[\])?$", d, re.S)
+        m = re.match(r"^(.*)::[a-z ]+(\[\])?$", d, re.DOTALL)
         if not m:
             return d
         d = m.group(1)
@@ -260,7 +259,7 @@ def compare_with_contract(edition, lines, contract, allowed, report):
             continue
         problems = []
         for name, columns in contract[section].items():
-            rel = name[len(SCHEMA):] if name.startswith(SCHEMA) else name
+            rel = name.removeprefix(SCHEMA)
             got = [parse_column(re.sub(r" not null.*| default .*", "", line.split(" ", 2)[2]))
                    for line in sorted(lines) if line.startswith(f"column {rel}.")]
             want = [(c["name"], norm_type(c["type"])) for c in columns]

@@ -12,6 +12,7 @@ to count.
 """
 
 import argparse
+import io
 import json
 import re
 import sys
@@ -303,7 +304,6 @@ def self_test():
                               "args": [{"name": "batch_size", "type": "int", "default": "200"}]}), proc)
     expect("intervals as written and as printed", [0.004, 300.0, 93600.0, 0.004, None],
            [interval_seconds(x) for x in ("'4 ms'", "'5 minutes'", "'1 day 02:00:00'", "'00:00:00.004'", "'soon'")])
-    import io
     out = io.StringIO()
     report = Report(out)
     compare_editions({"signature a() returns text volatile parallel unsafe", "signature n() returns text volatile parallel unsafe"},

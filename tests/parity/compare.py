@@ -180,17 +180,21 @@ def contract_function(f):
 
 
 def read_allowed(path):
-    """allowed.txt: 'native REGEX' / 'portable REGEX' lines, comments (#) saying why."""
+    """allowed.txt, comments (#) saying why: 'EDITION REGEX' (a line only EDITION has) or
+    'EDITION REGEX => REPLACEMENT' (EDITION's lines rewritten before they are compared: a known
+    difference inside a line that must otherwise be the same). As (edition, regex, line
+    number, replacement or None)."""
     allowed = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            edition, _, regex = line.partition(" ")
+            edition, _, rest = line.partition(" ")
+            regex, arrow, replacement = rest.partition(" => ")
             if edition not in ("native", "portable") or not regex.strip():
-                raise ValueError(f"{path}:{n}: expected 'native REGEX' or 'portable REGEX'")
-            allowed.append((edition, re.compile(regex.strip()), n))
+                raise ValueError(f"{path}:{n}: expected 'native|portable REGEX [=> REPLACEMENT]'")
+            allowed.append((edition, re.compile(regex.strip()), n, replacement.strip() if arrow else None))
     return allowed
 
 
@@ -219,24 +223,38 @@ class Report:
 def compare_editions(native, portable, allowed, report):
     """Lines one edition has and the other lacks: each must be on the allow-list, and each
     entry of the allow-list must still be needed."""
-    only = {"native": sorted(native - portable), "portable": sorted(portable - native)}
     used = set()
+
+    def rewritten(edition, lines):
+        out = set()
+        for line in lines:
+            for e, rx, n, replacement in allowed:
+                if e == edition and replacement is not None:
+                    new = rx.sub(replacement, line)
+                    if new != line:
+                        used.add(n)
+                        line = new
+            out.add(line)
+        return out
+
+    native, portable = rewritten("native", native), rewritten("portable", portable)
+    only = {"native": sorted(native - portable), "portable": sorted(portable - native)}
     for edition, lines in only.items():
         unexplained = []
         for line in lines:
-            hits = [n for e, rx, n in allowed if e == edition and rx.search(line)]
+            hits = [n for e, rx, n, replacement in allowed if e == edition and replacement is None and rx.search(line)]
             used.update(hits)
             if not hits:
                 unexplained.append(line.splitlines()[0][:200])
         report.check(f"parity: every line only the {edition} edition has is on the allow-list "
                      f"({len(lines)} such lines)", unexplained)
     report.check("parity: every allow-list entry is still needed",
-                 [f"allowed.txt line {n}: {e} {rx.pattern} matches nothing" for e, rx, n in allowed if n not in used])
+                 [f"allowed.txt line {n}: {e} {rx.pattern} matches nothing" for e, rx, n, _ in allowed if n not in used])
 
 
 def compare_with_contract(edition, lines, contract, allowed, report):
     functions = [parse_signature(line) for line in lines if line.startswith("signature ")]
-    own = {line for line in lines if any(e == edition and rx.search(line) for e, rx, _ in allowed)}
+    own = {line for line in lines if any(e == edition and r is None and rx.search(line) for e, rx, _, r in allowed)}
     if "functions" not in contract:
         report.skip(f"{edition} against contract/contract.json's functions",
                     "the contract has no functions section yet")
@@ -306,11 +324,17 @@ def self_test():
            [interval_seconds(x) for x in ("'4 ms'", "'5 minutes'", "'1 day 02:00:00'", "'00:00:00.004'", "'soon'")])
     out = io.StringIO()
     report = Report(out)
-    compare_editions({"signature a() returns text volatile parallel unsafe", "signature n() returns text volatile parallel unsafe"},
-                     {"signature a() returns text volatile parallel unsafe"},
-                     [("native", re.compile("^signature n\\("), 1), ("portable", re.compile("^signature gone"), 2)], report)
-    expect("an unneeded allow-list entry fails, an explained difference passes", 1, report.failed)
+    compare_editions({"signature a() returns text volatile parallel unsafe", "signature n() returns text volatile parallel unsafe",
+                      "view v SELECT 1 AS x"},
+                     {"signature a() returns text volatile parallel unsafe", "view v SELECT NULLIF(1, 0) AS x"},
+                     [("native", re.compile("^signature n\\("), 1, None), ("portable", re.compile("^signature gone"), 2, None),
+                      ("portable", re.compile(r"NULLIF\((1), 0\)"), 3, r"\1")], report)
+    expect("an unneeded allow-list entry fails; an explained difference and a rewritten one pass", 1, report.failed)
     expect("... naming the entry", True, "line 2: portable ^signature gone matches nothing" in out.getvalue())
+    report = Report(io.StringIO())
+    compare_editions({"view v SELECT 2 AS x"}, {"view v SELECT NULLIF(1, 0) AS x"},
+                     [("portable", re.compile(r"NULLIF\((1), 0\)"), 3, r"\1")], report)
+    expect("a rewrite explains only the difference it names", 2, report.failed)
     for f in failures:
         print(f"FAIL {f}")
     print(f"compare.py self-test: {count[0] - len(failures)} passed, {len(failures)} failed")

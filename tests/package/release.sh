@@ -40,10 +40,13 @@ o=${OLD//./\\.}
 # A mention of OLD as a version (for 1.2.3: not 1.2.30, nor 11.2.3).
 mentions() { g grep -nE "(^|[^0-9.])$o(\$|[^0-9.]|\\.[^0-9])" -- "$@"; }
 
-# Files that record the past by design.
+# Files that record the past by design. The portable edition's sources (where the tree
+# assembles it: sql/portable/functions/, sql/portable/*.sql.in) write the current version as
+# {{version}}, so a version written there is a note on history too.
 HISTORY=(':!CHANGELOG.md' ':!BENCHMARKS.md' ':!packaging/debian/changelog' ':!sql/releases/'
     ':!sql/idempotency--*--*.sql' ':!sql/portable/idempotency-portable--*.sql'
-    ':!sql/portable/pgtle.sql' ':!*.lock' ':!*package-lock.json')
+    ':!sql/portable/pgtle.sql' ':!sql/portable/functions/' ':!sql/portable/*.sql.in'
+    ':!*.lock' ':!*package-lock.json')
 # Lines elsewhere that name a release as history (true whatever the version is now). Drop
 # an entry once the version has moved past the release it names.
 HISTORY_LINES='^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1'

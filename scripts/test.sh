@@ -78,6 +78,8 @@ register_suites() {
         tests/pg_cron/run.sh
     register upgrade         each full ext     'every frozen release installed with live data, then `ALTER EXTENSION UPDATE`, compared object by object with a fresh install ([Adding a release](#adding-a-release))' \
         tests/upgrade/run.sh
+    register parity          each full ext     'a fresh native and a fresh portable install, described alike, against each other (the differences on the commented allow-list [`tests/parity/allowed.txt`](tests/parity/allowed.txt)) and against [`contract/contract.json`](contract/contract.json)' \
+        tests/parity/run.sh
     register completer       each full cluster 'the dead-worker recovery example, run for real (`examples/completer.py --self-test`)' \
         completer
     register stress          each full ext     '32 sessions, killed backends, one server crash ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
@@ -97,6 +99,8 @@ register_suites() {
     # Suites of the packaging, monitoring, portable-edition and client-package work.
     register meta            once full -       '`META.json` (PGXN) against `Cargo.toml`, the control file and the Debian changelog' \
         tests/package/meta.sh
+    register release         once full -       '`scripts/release.sh --no-build 0.0.0-test` in a scratch copy of the tree: every version string moves, the meta suite there fails only the native freeze it skipped, the portable upgrade skeleton installs' \
+        tests/package/release.sh
     register portable-assembly once fast -     'the committed portable release file and `pgtle.sql` are what `scripts/assemble_portable.py` makes of their sources' \
         tests/portable/assembly.sh
     register package         once full -       'the `.deb` for 15 (`dpkg -i` / `-r` on a machine without the extension, lintian, the demo, updates from every release) and the tarball for 18 ([docs/packages.md](docs/packages.md))' \

@@ -147,6 +147,7 @@ cron          20302  21302  1      tests/pg_cron/run.sh (15 only)
 stress        20303  21303  1      tests/stress/stress.py (via scripts/test.sh)
 upgrade       20304  21304  1      tests/upgrade/run.sh
 migrate       20305  21305  1      15 -> 18 dump/restore (source on pg15 port, target on pg18 port)
+parity        20306  21306  1      tests/parity/run.sh, tests/package/release.sh (unix socket only)
 package       20307  21307  1      the .deb / .tar.gz package suite
 monitoring    20308  21308  2      the Prometheus exporter suite (cluster, exporter)
 examples      20310  21310  1      tests/clients/run_examples.sh

@@ -9,10 +9,10 @@
 BEGIN;
 -- The portable edition is release 0.4.1: the native extension must be at 0.4.1 too
 -- (ALTER EXTENSION idempotency UPDATE first).
-SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 1 AS native_0_4_1
+SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 1 AS native_at_release
   FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'idempotency'
    AND extversion OPERATOR(pg_catalog.=) '0.4.1' \gset
-\if :native_0_4_1
+\if :native_at_release
 \else
 DO $$ BEGIN RAISE EXCEPTION 'the idempotency extension at version 0.4.1 is not installed in this database' USING ERRCODE = '55000'; END $$;
 \endif

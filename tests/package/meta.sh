@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # META.json (PGXN) against the rest of the tree: valid JSON with the fields PGXN's meta spec
 # 1.0.0 requires, and one version everywhere: Cargo.toml, idempotency.control, META.json
-# (the distribution and what it provides), packaging/debian/changelog, and a frozen release
-# script for it. No build, no server: seconds.
+# (the distribution and what it provides), packaging/debian/changelog, the portable
+# edition's control file, and both editions' frozen release scripts for it (scripts/release.sh
+# moves them all). No build, no server: seconds.
 #   tests/package/meta.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
@@ -20,8 +21,8 @@ check "META.json: name" idempotency "$(meta 'm["name"]')"
 check "META.json: license is Cargo.toml's (MIT)" "$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | tr A-Z a-z)" "$(meta 'm["license"]')"
 check "META.json: version is Cargo.toml's" "$version" "$(meta 'm["version"]')"
 check "META.json: provides idempotency at Cargo.toml's version" "$version" "$(meta 'm["provides"]["idempotency"]["version"]')"
-check "META.json: provides' file exists" yes \
-    "$([ -f "$(meta 'm["provides"]["idempotency"]["file"]')" ] && echo yes || echo no)"
+check "META.json: provides' file is the frozen install script of $version" "sql/releases/idempotency--$version.sql" \
+    "$(meta 'm["provides"]["idempotency"]["file"]')"
 check "META.json: a PostgreSQL runtime prereq" 1 "$(meta '1 if "PostgreSQL" in m["prereqs"]["runtime"]["requires"] else 0')"
 control=$(sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
 # pgrx writes Cargo.toml's version over @CARGO_VERSION@ at build time.
@@ -30,5 +31,9 @@ check "packaging/debian/changelog's latest entry is Cargo.toml's version" "$vers
     "$(sed -n '1s/^idempotency (\([^)]*\)).*/\1/p' packaging/debian/changelog)"
 check "sql/releases holds the frozen install script of $version" yes \
     "$([ -f "sql/releases/idempotency--$version.sql" ] && echo yes || echo no)"
+check "the portable edition's control file says default_version $version" "$version" \
+    "$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/portable/idempotency-portable.control)"
+check "sql/portable holds the portable edition's release file of $version" yes \
+    "$([ -f "$(portable_script)" ] && echo yes || echo no)"
 
 finish meta

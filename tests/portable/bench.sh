@@ -18,7 +18,7 @@ SECONDS_EACH=${1:-10}
 BIN=${PORT_BENCH_BIN:-$(PG18_VENV=/opt/idempotency-pg18 pg_bindir 18)}
 DIR=${PORT_BENCH_DIR:-$(dir_of portable-bench 18)}
 PORT=${PORT_BENCH_PORT:-$(port_of portable-bench 18)}
-RELEASE=$ROOT/sql/portable/idempotency-portable--0.4.1.sql
+RELEASE=$(portable_script)
 [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] || { echo "bench: the native extension is not installed in $BIN/.."; exit 2; }
 
 [ -f "$DIR/data/postmaster.pid" ] && as_postgres "$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null

@@ -5,7 +5,8 @@
 #   plan         idem_seen_many's look-up in a scope grown 200-fold since ANALYZE: by the
 #                primary key, never a read of the whole scope (auto_explain)
 #   upgrade      the previous release plus the upgrade file equals a fresh install
-#                (tests/portable/catalog.sql), keeping the records; run twice it refuses
+#                (tests/upgrade/describe.sql), keeping the records; run twice it refuses
+#                (tests/upgrade/run.sh walks every older release too)
 #   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
 #                (rfc8785_ref.py) on a random corpus (json_corpus.py), RFC 8785's number
 #                table, and against the native idem_fingerprint where the native extension
@@ -39,8 +40,13 @@ set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT"
 HERE=$ROOT/tests/portable
-VERSION=0.4.1
-PREVIOUS=0.4.0
+# The release under test is Cargo.toml's version; the previous one is the newest portable
+# release file below it.
+VERSION=$(extension_version)
+PREVIOUS=$(for f in "$ROOT"/sql/portable/idempotency-portable--*.sql; do
+               v=${f##*/idempotency-portable--}; v=${v%.sql}; [[ $v == *--* ]] || echo "$v"
+           done | sort -V | grep -Fvx "$VERSION" | tail -n 1)
+DESCRIBE=$ROOT/tests/upgrade/describe.sql
 RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
 UPGRADE=$ROOT/sql/portable/idempotency-portable--$PREVIOUS--$VERSION.sql
 PREFIX=${PORT_DIR_PREFIX:-$(dir_of portable 15)}
@@ -180,7 +186,7 @@ plan_check() { # plan_check portable|native DB
 }
 
 # The previous release, records in it, then the upgrade file: the same catalog as a fresh
-# install (catalog.sql), the records kept, a claim in flight completed with its token.
+# install (tests/upgrade/describe.sql), the records kept, a claim in flight completed with its token.
 section_upgrade() {
     local old=$ROOT/sql/portable/idempotency-portable--$PREVIOUS.sql got tok before
     q postgres postgres -c "CREATE DATABASE port_upgraded OWNER $OWNER" -c "CREATE DATABASE port_fresh OWNER $OWNER"
@@ -193,16 +199,16 @@ section_upgrade() {
     else
         fail "$M upgrade: $PREVIOUS -> $VERSION" "$(head -5 "$WORK/upgrade.log")"; return
     fi
-    q "$OWNER" port_fresh -f "$HERE/catalog.sql" >"$WORK/catalog-fresh.txt"
-    q "$OWNER" port_upgraded -f "$HERE/catalog.sql" >"$WORK/catalog-upgraded.txt"
-    check "$M upgrade: $PREVIOUS + upgrade file = a fresh $VERSION ($(grep -c '' "$WORK/catalog-fresh.txt") catalog lines)" "" \
+    q "$OWNER" port_fresh -f "$DESCRIBE" >"$WORK/catalog-fresh.txt"
+    q "$OWNER" port_upgraded -f "$DESCRIBE" >"$WORK/catalog-upgraded.txt"
+    check "$M upgrade: $PREVIOUS + upgrade file = a fresh $VERSION ($(grep -c '' "$WORK/catalog-fresh.txt") description lines)" "" \
         "$(diff "$WORK/catalog-fresh.txt" "$WORK/catalog-upgraded.txt" | head -20)"
     check "$M upgrade: records kept, the claim in flight completes with its token" "replay 201|t|$VERSION" \
         "$(q "$OWNER" port_upgraded -c "SELECT outcome || ' ' || http_status FROM idempotency.idem_claim('up', 'done', 'fp')" \
               -c "SELECT idempotency.idem_release('up', 'inflight', '$tok')" -c "SELECT idempotency.portable_version()" | paste -sd'|')"
     got=$(q "$OWNER" port_upgraded -v VERBOSITY=verbose -1 -f "$UPGRADE" 2>&1 | sed -nE 's/.*ERROR: +([0-9A-Z]{5}):.*/\1/p' | head -n 1)
     check "$M upgrade: run again, it refuses (55000)" "55000" "$got"
-    q "$OWNER" port_upgraded -f "$HERE/catalog.sql" >"$WORK/catalog-again.txt"
+    q "$OWNER" port_upgraded -f "$DESCRIBE" >"$WORK/catalog-again.txt"
     check "$M upgrade: ... and changes nothing" "" "$(diff "$WORK/catalog-upgraded.txt" "$WORK/catalog-again.txt" | head -5)"
 }
 
@@ -383,7 +389,7 @@ section_extension() {
         "$(q "$OWNER" port_ext_up -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
               -c "SELECT count(*) FROM idempotency.keys" 2>&1 | paste -sd'|')"
     check "$M extension: ... the same objects as CREATE EXTENSION at $VERSION" "" \
-        "$(diff <(q "$OWNER" port_ext -f "$HERE/catalog.sql") <(q "$OWNER" port_ext_up -f "$HERE/catalog.sql") | head -10)"
+        "$(diff <(q "$OWNER" port_ext -f "$DESCRIBE") <(q "$OWNER" port_ext_up -f "$DESCRIBE") | head -10)"
     check "$M extension: both tables are extension configuration (pg_dump keeps their rows)" \
         "{idempotency.keys,idempotency.messages}" \
         "$(q "$OWNER" port_ext -c "SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency'")"

@@ -1,51 +1,74 @@
--- One line per object of the idempotency extension, sorted: what an upgrade must reproduce
--- exactly. Functions with their full definition, the tables' columns, constraints and
--- indexes, types, views, and the table storage options.
-WITH members AS (
-    SELECT d.classid, d.objid
-      FROM pg_catalog.pg_depend AS d
-      JOIN pg_catalog.pg_extension AS e ON e.oid = d.refobjid
-     WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass
-       AND d.deptype = 'e' AND e.extname = 'idempotency'
-)
+-- Everything in schema idempotency, as sorted lines: what two installs that should be the same
+-- must print alike. The one description of an install, used by
+--   tests/upgrade/run.sh    every release of both editions, upgraded, against a fresh install
+--   tests/portable/run.sh   the portable edition's last upgrade, as a file and as an extension
+--   tests/parity/run.sh     a fresh native install against a fresh portable one and against
+--                           contract/contract.json: only the kinds a caller sees (below)
+-- Each line starts with its kind:
+--   signature   a function as a caller sees it: arguments with defaults, result, volatility,
+--               strictness, parallel safety, security definer, procedure
+--   function    its whole definition, grants and comment (each edition's own code)
+--   relation    a table, view, index, sequence or composite type: kind, storage options,
+--               grants, comment
+--   column      a column of a table, view or composite type: position, type, NOT NULL, default
+--   constraint, index, view (its definition), type (with its comment), config_dump (the
+--               tables whose rows pg_dump keeps, where idempotency is an extension)
+-- Every line but a function's whole definition is one line of text.
+--     psql -X -q -At -f tests/upgrade/describe.sql DB
+\pset format unaligned
+\pset tuples_only on
+WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'idempotency'),
+rel AS (SELECT c.* FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM ns))
 SELECT line FROM (
-    SELECT 'function ' || pg_catalog.pg_get_functiondef(m.objid) AS line
-      FROM members m WHERE m.classid = 'pg_catalog.pg_proc'::regclass
+    SELECT 'signature ' || p.proname || '(' || pg_catalog.pg_get_function_arguments(p.oid) || ')'
+           || coalesce(' returns ' || pg_catalog.pg_get_function_result(p.oid), '')
+           || CASE p.provolatile WHEN 'v' THEN ' volatile' WHEN 's' THEN ' stable' ELSE ' immutable' END
+           || CASE WHEN p.proisstrict THEN ' strict' ELSE '' END
+           || CASE p.proparallel WHEN 's' THEN ' parallel safe' WHEN 'r' THEN ' parallel restricted'
+                                 ELSE ' parallel unsafe' END
+           || CASE WHEN p.prosecdef THEN ' security definer' ELSE '' END
+           || CASE WHEN p.prokind = 'p' THEN ' procedure' ELSE '' END AS line
+      FROM pg_catalog.pg_proc p WHERE p.pronamespace = (SELECT oid FROM ns)
     UNION ALL
-    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
-      FROM members m JOIN pg_catalog.pg_class c ON c.oid = m.objid
-     WHERE m.classid = 'pg_catalog.pg_class'::regclass
+    SELECT 'function ' || p.oid::pg_catalog.regprocedure::text || ' ' || pg_catalog.pg_get_functiondef(p.oid)
+           || ' acl=' || coalesce(p.proacl::text, '-')
+           || ' comment=' || coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), '-')
+      FROM pg_catalog.pg_proc p WHERE p.pronamespace = (SELECT oid FROM ns)
     UNION ALL
-    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text
+           || ' options=' || coalesce(pg_catalog.array_to_string(c.reloptions, ','), '-')
+           || ' acl=' || coalesce(c.relacl::text, '-')
+           || ' comment=' || coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), '-')
+      FROM rel c
+    UNION ALL
+    SELECT 'column ' || c.relname || '.' || pg_catalog.lpad(
+               (pg_catalog.row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum))::text, 2, '0')
+           || ' ' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
            || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
-           || coalesce(' default ' || pg_catalog.pg_get_expr(ad.adbin, ad.adrelid), '')
-      FROM members m JOIN pg_catalog.pg_class c ON c.oid = m.objid
+           || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+      FROM rel c
       JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      LEFT JOIN pg_catalog.pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
-     WHERE m.classid = 'pg_catalog.pg_class'::regclass
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE c.relkind IN ('r', 'p', 'v', 'm', 'c')
     UNION ALL
-    SELECT 'constraint ' || c.relname || '.' || k.conname || ' ' || pg_catalog.pg_get_constraintdef(k.oid)
-      FROM members m JOIN pg_catalog.pg_class c ON c.oid = m.objid
-      JOIN pg_catalog.pg_constraint k ON k.conrelid = c.oid
-     WHERE m.classid = 'pg_catalog.pg_class'::regclass
+    SELECT 'constraint ' || coalesce(k.conrelid::pg_catalog.regclass::text, '-') || '.' || k.conname || ' '
+           || pg_catalog.pg_get_constraintdef(k.oid)
+      FROM pg_catalog.pg_constraint k WHERE k.connamespace = (SELECT oid FROM ns)
     UNION ALL
     SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid)
-      FROM members m JOIN pg_catalog.pg_index i ON i.indrelid = m.objid
-     WHERE m.classid = 'pg_catalog.pg_class'::regclass
+      FROM rel c JOIN pg_catalog.pg_index i ON i.indrelid = c.oid
     UNION ALL
-    SELECT 'view ' || c.relname || ' ' || pg_catalog.pg_get_viewdef(c.oid)
-      FROM members m JOIN pg_catalog.pg_class c ON c.oid = m.objid
-     WHERE m.classid = 'pg_catalog.pg_class'::regclass AND c.relkind = 'v'
+    SELECT 'view ' || c.relname || ' ' || pg_catalog.regexp_replace(pg_catalog.pg_get_viewdef(c.oid), '\s+', ' ', 'g')
+      FROM rel c WHERE c.relkind IN ('v', 'm')
     UNION ALL
-    SELECT 'type ' || pg_catalog.format_type(m.objid, NULL)
-      FROM members m WHERE m.classid = 'pg_catalog.pg_type'::regclass
+    SELECT 'type ' || t.typname || ' ' || t.typtype::text
+           || ' comment=' || coalesce(pg_catalog.obj_description(t.oid, 'pg_type'), '-')
+      FROM pg_catalog.pg_type t
+     WHERE t.typnamespace = (SELECT oid FROM ns) AND t.typtype IN ('c', 'd', 'e', 'r', 'm')
+       AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = t.typrelid) = 'c')
     UNION ALL
-    SELECT 'comment ' || pg_catalog.obj_description(m.objid, 'pg_class')
-      FROM members m WHERE m.classid = 'pg_catalog.pg_class'::regclass
-                       AND pg_catalog.obj_description(m.objid, 'pg_class') IS NOT NULL
-    UNION ALL
-    SELECT 'config_dump ' || (SELECT array_to_string(array_agg(c::regclass::text ORDER BY c::regclass::text), ',')
-                                FROM pg_catalog.pg_extension e, unnest(e.extconfig) AS c
-                               WHERE e.extname = 'idempotency')
+    SELECT 'config_dump ' || coalesce((SELECT pg_catalog.string_agg(x::pg_catalog.regclass::text, ',' ORDER BY x::pg_catalog.regclass::text)
+                                          FROM pg_catalog.unnest(e.extconfig) AS x), '-')
+      FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency'
 ) AS described
-ORDER BY line;
+ORDER BY line COLLATE "C";

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Releases and upgrades. Every released version's install script is frozen in
-# sql/releases/idempotency--VERSION.sql and never edited; each later release ships
-# sql/idempotency--OLD--NEW.sql (cargo pgrx install copies those next to the install script).
+# Releases and upgrades of both editions. Every released version's install script is frozen
+# (native: sql/releases/idempotency--VERSION.sql; portable:
+# sql/portable/idempotency-portable--VERSION.sql) and never edited; each later release ships
+# upgrade scripts (sql/idempotency--OLD--NEW.sql, which cargo pgrx install copies next to the
+# install script; sql/portable/idempotency-portable--OLD--NEW.sql).
 #
-#   1. The current version, if it is released, must install exactly what its frozen script
-#      installs: a change to the SQL after a release needs a new version and an upgrade script.
-#   2. Every older released version is installed from its frozen script, with live data, then
+#   1. The current version (Cargo.toml's), if it is released, must install exactly what its
+#      frozen script installs: a change to the SQL after a release needs a new version.
+#   2. Native: every older release is installed from its frozen script, with live data, then
 #      ALTER EXTENSION idempotency UPDATE: the result must match a fresh install of the current
-#      version object for object (tests/upgrade/describe.sql), and keep the data.
+#      version object for object, and keep the data.
+#   3. Portable: every older release is installed with psql -1 -f, with live data, then each
+#      upgrade file from there on, in order, up to the current version: the same checks.
+# Every comparison is tests/upgrade/describe.sql's description of the two databases.
 # Needs the current version installed into PG_MAJOR (15 or 18; cargo pgrx install).
 # Last line: "upgrade: N passed, M failed".
 #   tests/upgrade/run.sh [DIR] [PORT]
@@ -67,5 +72,57 @@ for frozen in sql/releases/idempotency--*.sql; do
             "$(q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')")"
     fi
 done
+
+# --- the portable edition --------------------------------------------------------------
+
+portable_fresh=$(portable_script)
+# The versions of the released portable files (not the upgrade files, NAME--A--B.sql).
+portable_releases() {
+    local f v
+    for f in sql/portable/idempotency-portable--*.sql; do
+        v=${f##*/idempotency-portable--}; v=${v%.sql}
+        [[ $v == *--* ]] || echo "$v"
+    done | sort -V
+}
+# The upgrade file that starts at $1 (the lowest target if there were several).
+portable_step() {
+    local f
+    for f in sql/portable/idempotency-portable--"$1"--*.sql; do [ -e "$f" ] && echo "$f"; done | sort -V | head -n 1
+}
+
+if [ ! -f "$portable_fresh" ]; then
+    fail "the portable edition of $current exists ($portable_fresh)"
+else
+    q -d postgres -c "CREATE DATABASE portable_fresh"
+    q -d portable_fresh -1 -f "$portable_fresh" >/dev/null
+    pfresh=$(describe portable_fresh)
+    check "portable: a fresh install of $current says portable_version() $current" "$current" \
+        "$(q -d portable_fresh -c "SELECT idempotency.portable_version()")"
+    for version in $(portable_releases); do
+        [ "$version" = "$current" ] && continue
+        db="portable_from_${version//[^0-9a-z]/_}"
+        q -d postgres -c "CREATE DATABASE $db"
+        q -d "$db" -1 -f "sql/portable/idempotency-portable--$version.sql" >/dev/null
+        q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')" >/dev/null
+        at=$version path=$version
+        while [ "$at" != "$current" ]; do
+            step=$(portable_step "$at")
+            if [ -z "$step" ]; then
+                fail "portable $version: an upgrade file from $at (sql/portable/idempotency-portable--$at--*.sql)"
+                break
+            fi
+            if ! q -d "$db" -1 -f "$step" >"$DIR/step.log" 2>&1; then
+                fail "portable $version: $step" "$(head -n 3 "$DIR/step.log")"
+                break
+            fi
+            at=${step##*/idempotency-portable--"$at"--}; at=${at%.sql}
+            path+=" -> $at"
+        done
+        [ "$at" = "$current" ] || continue
+        check "portable upgrade $path matches a fresh install" "$pfresh" "$(describe "$db")"
+        check "portable upgrade $path keeps the data" "in_progress" \
+            "$(q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')")"
+    done
+fi
 
 finish upgrade

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# scripts/release.sh in a scratch copy of the tree (its tracked and new files, as they are in
+# the working tree): `scripts/release.sh --no-build 0.0.0-test`, then
+#   - no file states the old version where a version moves: every mention left is in a
+#     history file (changelogs, BENCHMARKS.md, frozen release and upgrade scripts) or on the
+#     short list of history lines below;
+#   - Cargo.toml, Cargo.lock, META.json, the control files, the Debian changelog, the switch
+#     scripts and the documentation's file names say the new version;
+#   - the portable release file of the new version and pgtle.sql exist and say it; the
+#     upgrade scripts' skeletons of both editions exist;
+#   - the meta suite, run in the scratch copy, passes every check but one: the native frozen
+#     install script, which only a build writes (--no-build skips it; a real release builds);
+#   - a second run, or a malformed version, refuses and changes nothing.
+#   - the portable release OLD plus the skeleton upgrade file equals a fresh install of the
+#     new portable release file (a throwaway PostgreSQL cluster on a unix socket).
+# What it does not check: the native skeleton as an update script (tests/upgrade/run.sh does,
+# for every release once it is made) or the build's freezing step (cargo pgrx schema).
+# No build: seconds.
+#   tests/package/release.sh
+set -uo pipefail
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT" || exit 2
+NEW=0.0.0-test
+OLD=$(extension_version)
+SCRATCH=$(dir_of release)/tree
+rm -rf "$(dir_of release)" && mkdir -p "$SCRATCH"
+trap 'cluster_stop "$(dir_of release)/pg"; rm -rf "$(dir_of release)"' EXIT
+
+# The working tree's files (tracked and new, not ignored), into a fresh git repository.
+while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done < <(git ls-files -z -co --exclude-standard) |
+    tar --null -T - -cf - | tar -x -C "$SCRATCH"
+g() { git -C "$SCRATCH" -c user.name=release-test -c user.email=release-test@invalid "$@"; }
+g init -q && g add -A && g commit -qm "before the release"
+
+out=$(cd "$SCRATCH" && scripts/release.sh --no-build "$NEW" 2>&1)
+status=$?
+echo "$out" | sed 's/^/  release.sh: /'
+check "scripts/release.sh --no-build $NEW succeeds" 0 "$status"
+o=${OLD//./\\.}
+# A mention of OLD as a version (for 1.2.3: not 1.2.30, nor 11.2.3).
+mentions() { g grep -nE "(^|[^0-9.])$o(\$|[^0-9.]|\\.[^0-9])" -- "$@"; }
+
+# Files that record the past by design. The portable edition's sources (where the tree
+# assembles it: sql/portable/functions/, sql/portable/*.sql.in) write the current version as
+# {{version}}, so a version written there is a note on history too.
+HISTORY=(':!CHANGELOG.md' ':!BENCHMARKS.md' ':!packaging/debian/changelog' ':!sql/releases/'
+    ':!sql/idempotency--*--*.sql' ':!sql/portable/idempotency-portable--*.sql'
+    ':!sql/portable/pgtle.sql' ':!sql/portable/functions/' ':!sql/portable/*.sql.in'
+    ':!*.lock' ':!*package-lock.json')
+# Lines elsewhere that name a release as history (true whatever the version is now). Drop
+# an entry once the version has moved past the release it names.
+HISTORY_LINES='^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1'
+check "no file states $OLD where the version moves (history files and lines aside)" "" \
+    "$(mentions "${HISTORY[@]}" | grep -Ev "$HISTORY_LINES")"
+check "pgtle.sql's header (before the release file) no longer states $OLD" "" \
+    "$(sed -n '1,/^\$_pgtle_\$$/p' "$SCRATCH/sql/portable/pgtle.sql" | grep -nE "(^|[^0-9.])$o(\$|[^0-9.])")"
+
+# Each place says the new version.
+check "Cargo.toml" "$NEW" "$(sed -n 's/^version = "\(.*\)"/\1/p' "$SCRATCH/Cargo.toml" | head -n 1)"
+check "Cargo.lock's idempotency entry" "$NEW" \
+    "$(awk '/^name = / { mine = ($0 == "name = \"idempotency\"") } mine && /^version = / { print; exit }' "$SCRATCH/Cargo.lock" | sed 's/^version = "\(.*\)"/\1/')"
+check "the portable control file" "default_version = '$NEW'" "$(grep '^default_version' "$SCRATCH/sql/portable/idempotency-portable.control")"
+check "the Debian changelog's new entry" "idempotency ($NEW) bookworm; urgency=medium" "$(head -n 1 "$SCRATCH/packaging/debian/changelog")"
+check "the Debian changelog keeps the old entries" "$(cat packaging/debian/changelog)" \
+    "$(tail -n +7 "$SCRATCH/packaging/debian/changelog")"
+check "the switch scripts name $NEW" "2" "$(cat "$SCRATCH"/sql/portable/switch-*.sql | grep -c "VERSION '$NEW'\|\\\\ir idempotency-portable--$NEW.sql")"
+check "the README names the portable release file of $NEW" 1 "$(grep -c "idempotency-portable--$NEW\\.sql" "$SCRATCH/README.md")"
+check "docs/packages.md names the $NEW package files" 3 \
+    "$(grep -c "idempotency_${NEW}_amd64\\.deb\|idempotency-$NEW-pg18-amd64\\.tar\\.gz" "$SCRATCH/docs/packages.md")"
+
+# The new files.
+release=$SCRATCH/sql/portable/idempotency-portable--$NEW.sql
+check "the portable release file of $NEW: its first line and portable_version() say $NEW" "2" \
+    "$( (sed -n "1{/ $NEW, PORTABLE EDITION/p}" "$release"; grep -x "AS \\\$\\\$ SELECT '$NEW' \\\$\\\$;" "$release") 2>/dev/null | grep -c .)"
+check "pgtle.sql holds the portable release file of $NEW unchanged" "" \
+    "$(diff <(sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$$/p' "$SCRATCH/sql/portable/pgtle.sql" | sed '1d;$d') "$release" 2>&1 | head -n 5)"
+check "pgtle.sql registers version $NEW" 1 "$(grep -cx "    '$NEW'," "$SCRATCH/sql/portable/pgtle.sql")"
+check "the native upgrade script's skeleton $OLD -> $NEW" 1 \
+    "$(grep -c "ALTER EXTENSION idempotency UPDATE TO '$NEW'" "$SCRATCH/sql/idempotency--$OLD--$NEW.sql" 2>/dev/null)"
+check "the portable upgrade file's skeleton $OLD -> $NEW: checks for $OLD, ends at $NEW" "2" \
+    "$(grep -c "IS DISTINCT FROM '$OLD' THEN\|SELECT '$NEW' \\\$\\\$;" "$SCRATCH/sql/portable/idempotency-portable--$OLD--$NEW.sql" 2>/dev/null)"
+
+# The meta suite in the scratch copy: every check passes but the native freeze's.
+meta=$(cd / && env -u ROOT bash "$SCRATCH/tests/package/meta.sh" 2>&1)
+check "the meta suite in the scratch copy: only the native frozen install script is missing (--no-build)" \
+    "FAIL sql/releases holds the frozen install script of $NEW: expected 'yes', got 'no'" "$(grep '^FAIL' <<<"$meta")"
+check_match "... and it passes every other check" '^meta: [0-9]+ passed, 1 failed$' "$(tail -n 1 <<<"$meta")"
+
+# What release.sh wrote upgrades: the portable release OLD plus the skeleton upgrade file is a
+# fresh install of NEW (the upgrade suite's comparison, on a unix-socket-only cluster).
+if use_major "${PG_MAJOR:-15}" 2>/dev/null; then
+    pgdir=$(dir_of release)/pg
+    if cluster_fresh "$pgdir" "$(port_of parity)" "listen_addresses = ''" >/dev/null; then
+        pq() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$pgdir/socket" -p "$(port_of parity)" -U postgres "$@"; }
+        pq -d postgres -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded"
+        pq -d fresh -1 -f "$release" >/dev/null
+        pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD.sql" >/dev/null
+        pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD--$NEW.sql" >/dev/null
+        check "portable $OLD + the skeleton upgrade file = a fresh install of $NEW (tests/upgrade/describe.sql)" \
+            "$(pq -d fresh -f "$SCRATCH/tests/upgrade/describe.sql")" "$(pq -d upgraded -f "$SCRATCH/tests/upgrade/describe.sql")"
+        cluster_stop "$pgdir"
+    else
+        fail "a PostgreSQL $PG_MAJOR cluster in $pgdir"
+    fi
+else
+    skip "portable $OLD + the skeleton upgrade file = a fresh install of $NEW" "no PostgreSQL ${PG_MAJOR:-15} here"
+fi
+
+# Refusals change nothing.
+g add -A && g commit -qm "after the release"
+for bad in "$NEW" 1.2 0.0.0--x -rc1; do
+    (cd "$SCRATCH" && scripts/release.sh --no-build "$bad" >/dev/null 2>&1)
+    check "release.sh $bad refuses (exit 2) and changes nothing" "2 " "$? $(g status --porcelain)"
+done
+
+finish release

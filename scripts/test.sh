@@ -130,7 +130,7 @@ e2e_apps() { E2E_APPS_PORT=$(port_of e2e-apps) tests/e2e/run_demo_apps.sh; }
 
 # A claim whose COMMIT's reply is lost, repeated with its caller-chosen token.
 claim_retry() {
-    /usr/bin/python3 tests/claim_retry/run.py --host 127.0.0.1 --port "$PGPORT" --proxy-port "$(port_of claim-retry)"
+    /usr/bin/python3 tests/claim_retry/run.py --host "$PGHOST" --port "$PGPORT" --proxy-port "$(port_of claim-retry)"
 }
 
 # The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).

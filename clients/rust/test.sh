@@ -34,7 +34,7 @@ cleanup() {
     cluster_stop "$DIR"
 }
 trap cleanup EXIT
-cluster_fresh "$DIR" "$PORT" || { echo "rust: 0 passed, 1 failed"; exit 1; }
+cluster_fresh "$DIR" "$PORT" "$LISTEN_TCP" || { echo "rust: 0 passed, 1 failed"; exit 1; }
 psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "CREATE EXTENSION idempotency" ||
     { echo "rust: 0 passed, 1 failed"; exit 1; }
 rm -f "$SKIP_FILE"

@@ -27,7 +27,7 @@ stop_all() { for n in "${NODES[@]}"; do cluster_stop "$DIR/$n"; done; }
 stop_all
 rm -rf "$DIR"
 for i in 0 1 2; do
-    if ! cluster_start "$DIR/${NODES[$i]}" $((PORT + i)) "shared_preload_libraries = 'citus'"; then
+    if ! cluster_start "$DIR/${NODES[$i]}" $((PORT + i)) "$LISTEN_TCP" "shared_preload_libraries = 'citus'"; then
         fail "starting ${NODES[$i]}" "see $DIR/${NODES[$i]}/server.log"
         stop_all
         end_suite

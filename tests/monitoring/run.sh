@@ -40,7 +40,7 @@ if [ "$PG_MAJOR" = 15 ]; then
     with_cron=true
     conf=("shared_preload_libraries = 'pg_cron'" "cron.database_name = '$DB'")
 fi
-cluster_fresh "$DIR" "$PORT" "${conf[@]}" || { fail "start the cluster"; finish monitoring; exit; }
+cluster_fresh "$DIR" "$PORT" "$LISTEN_TCP" "${conf[@]}" || { fail "start the cluster"; finish monitoring; exit; }
 exporter_pid=
 cleanup() {
     [ -n "$exporter_pid" ] && kill "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null

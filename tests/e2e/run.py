@@ -535,7 +535,8 @@ def scenario_bad_requests(h):
         r = post(h.svc_port, route, AMOUNT, None, tenant)
         check(f"{route} missing key: 400 problem+json", is_problem(r, 400), repr(r))
     check("bad requests: no charge row, no idempotency record",
-          h.charges(tenant) == 0 and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
+          h.charges(tenant) == 0
+          and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
 
     # accepted forms: 255 characters; a quoted string and a bare token name the same key
     long_key = "k" * 255

@@ -82,7 +82,9 @@ async function startDemoOn(framework, port, databaseUrl, leaseMs, faults) {
     try {
       const r = await request(port, 'GET', '/healthz', { timeout: 2000 });
       if (r.status === 200 && /listening/.test(log)) return server;
-    } catch {}
+    } catch {
+      // not listening yet
+    }
     await sleep(50);
   }
   await server.stop('SIGKILL');

@@ -23,11 +23,12 @@ PORT_LITERAL+="|$NAME[\"'\])]*\s*(?:=|:=|:|:-|\?\?|\|\||,)?\s*[\"'(]*\s*(?:defau
 PORT_LITERAL+="|$NAME.{0,80}?(?:default=|unwrap_or\(|\?\?\s*|:-|get\([^)]*,\s*[\"']?)$NUM"
 
 if [ "${1:-}" = --self-test ]; then
-    bad=0
+    bad=0 checks=0
     expect() { # expect found|clean LINE
         local got=clean
+        checks=$((checks + 1))
         printf '%s\n' "$2" | grep -qiP "$PORT_LITERAL|$HOST_CHANGE" && got=found
-        if [ "$got" = "$1" ]; then echo "ok   $1: $2"; else echo "FAIL expected $1, got $got: $2"; bad=1; fi
+        [ "$got" = "$1" ] || { echo "FAIL expected $1, got $got: $2"; bad=1; }
     }
     expect found 'port=${E2E_APPS_PORT:-55490}'
     expect found '    ap.add_argument("--proxy-port", type=int, default=56620)'
@@ -46,7 +47,7 @@ if [ "${1:-}" = --self-test ]; then
     expect clean 'python3 "$HERE/json_corpus.py" "${PORT_CORPUS:-5000}" "${PORT_SEED:-8785}"'
     expect clean "    const lost = postCharge(app.port, route, { tenant, key: quoted(key), headers: { 'X-Fault-Delay-Ms': '60000' } })"
     expect clean "export LEASE_MS = 1500;"
-    echo "check-test-hygiene self-test: $([ $bad = 0 ] && echo passed || echo FAILED)"
+    echo "check-test-hygiene self-test: $checks lines, $([ $bad = 0 ] && echo "each as expected" || echo FAILED)"
     exit $bad
 fi
 

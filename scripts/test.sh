@@ -7,7 +7,7 @@
 #   scripts/test.sh --pg 18 ...       on one major only (repeatable; default: 15 and 18)
 #
 # Suites (the table in register_suites below says which run on which major):
-#   lint          cargo fmt / clippy (scripts/lint.sh)
+#   lint          cargo fmt / clippy, shellcheck, ruff, eslint, test hygiene (scripts/lint.sh)
 #   links         every relative link and #anchor in the Markdown files (scripts/check-links.py)
 #   unit          unit tests of the pure modules and in-process #[pg_test]s (cargo pgrx test pgMAJOR)
 #   regress       pg_regress (tests/regress)             isolation  isolationtester (tests/isolation)

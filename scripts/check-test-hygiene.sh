@@ -11,7 +11,7 @@
 #                                              not catch
 # Exits non-zero on a finding.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 SCOPE=(tests bench scripts/test.sh scripts/setup.sh .ci 'clients/*/test.sh' 'clients/*/test/*' 'clients/*/tests/*'
     ':!tests/lib.sh')
@@ -19,9 +19,10 @@ HOST_CHANGE='/proc/sys|\bsysctl\b'
 NUM='(?<![\w.])[1-9]\d{3,4}\b'
 NAME='(?<![a-z])(?:port|ports|port_base)(?![a-z_])' # port, pg_port, E2E_PORT, DEMO_PORT_BASE; not PORT_SEED
 PORT_LITERAL="(?:127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0):$NUM"
-PORT_LITERAL+="|$NAME[\"'\])]*\s*(?:=|:=|:|:-|\?\?|\|\||,)?\s*[\"'(]*\s*(?:default:?\s*)?$NUM"
+PORT_LITERAL+="|${NAME}[\"'\])]*\s*(?:=|:=|:|:-|\?\?|\|\||,)?\s*[\"'(]*\s*(?:default:?\s*)?$NUM"
 PORT_LITERAL+="|$NAME.{0,80}?(?:default=|unwrap_or\(|\?\?\s*|:-|get\([^)]*,\s*[\"']?)$NUM"
 
+# shellcheck disable=SC2016 # the sample lines are shell text, $ and all
 if [ "${1:-}" = --self-test ]; then
     bad=0 checks=0
     expect() { # expect found|clean LINE

@@ -14,7 +14,7 @@
 #   scripts/lint.sh GROUP...     some, e.g. scripts/lint.sh shell python
 # Last line: "lint: N passed, M failed" (one per check); exits non-zero on a failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 export PATH="$HOME/.cargo/bin:$PATH"
 
 # Each entry: a Cargo.toml, then the feature sets its clippy runs with, separated by ';'
@@ -97,9 +97,11 @@ lint_shell() {
 lint_python() {
     if [ "$("$LINT_VENV/bin/ruff" --version 2>/dev/null)" != "ruff $RUFF_VERSION" ]; then
         echo "== ruff $RUFF_VERSION into $LINT_VENV"
-        /usr/bin/python3 -m venv "$LINT_VENV" &&
-            "$LINT_VENV/bin/pip" install -q --disable-pip-version-check "ruff==$RUFF_VERSION" ||
-            { cannot ruff "ruff $RUFF_VERSION could not be installed into $LINT_VENV"; return; }
+        if ! { /usr/bin/python3 -m venv "$LINT_VENV" &&
+                "$LINT_VENV/bin/pip" install -q --disable-pip-version-check "ruff==$RUFF_VERSION"; }; then
+            cannot ruff "ruff $RUFF_VERSION could not be installed into $LINT_VENV"
+            return
+        fi
     fi
     check "ruff $RUFF_VERSION" "$LINT_VENV/bin/ruff" check --no-cache .
 }

@@ -30,7 +30,7 @@
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
 # with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 # On a fresh machine PostgreSQL is not there yet (install-deps below brings it): the majors
 # are chosen with --pg, and each is checked when its turn comes.
 unset PG_MAJOR

@@ -204,6 +204,7 @@ dir_of() { # dir_of NAME [MAJOR]
 
 # The CONF line of cluster_start for a cluster that TCP clients reach (it comes after, and so
 # overrides, the default listen_addresses = '').
+# shellcheck disable=SC2034 # for the scripts that source this file
 LISTEN_TCP="listen_addresses = '127.0.0.1'"
 
 cluster_start() { # cluster_start DIR PORT [CONF...]

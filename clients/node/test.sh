@@ -29,6 +29,7 @@ mkdir -p "$dir"
 echo "== npm pack"
 pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     pgbouncer_stop "$dir"
     cluster_stop "$dir/pg"

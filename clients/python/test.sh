@@ -45,7 +45,7 @@ rm -rf "$here/dist"
 wheel=$(ls "$here"/dist/pg_idempotency-*.whl)
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel" || give_up "installing the wheel failed"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "$wheel[test]" \
+    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "${wheel}[test]" \
         || give_up "pip install (test extras) failed"
     echo "$want" >"$stamp"
 fi

@@ -8,7 +8,7 @@
 #   tests/monitoring/run.sh [DIR] [PORT]      (PORT: the cluster, PORT + 1: the exporter)
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of monitoring)}
 PORT=${2:-$(port_of monitoring)}
 EXPORTER_PORT=$((PORT + 1))
@@ -48,8 +48,10 @@ cleanup() {
 }
 trap cleanup EXIT
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$DIR/socket" -p "$PORT" -U postgres -d "$DB" "$@"; }
-psql -X -q -h "$DIR/socket" -p "$PORT" -U postgres -d postgres -c "CREATE DATABASE $DB" &&
-    install_extension "$DB" -h "$DIR/socket" -p "$PORT" -U postgres || { fail "create the extension"; finish monitoring; exit; }
+if ! { psql -X -q -h "$DIR/socket" -p "$PORT" -U postgres -d postgres -c "CREATE DATABASE $DB" &&
+        install_extension "$DB" -h "$DIR/socket" -p "$PORT" -U postgres; }; then
+    fail "create the extension"; finish monitoring; exit
+fi
 
 # 3 completed, 3 in_progress (one stale: its lease ended; one claimed an hour ago), 4 expired
 # records (2 completed, 2 in_progress); 5 live message ids and 2 expired ones. The expiry,

@@ -12,7 +12,7 @@
 #   tests/package/run.sh [DIR] [PORT15] [PORT18]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=$(realpath -m "${1:-$(dir_of package)}")
 PORT15=${2:-$(port_of package 15)}
 PORT18=${3:-$(port_of package 18)}
@@ -95,8 +95,8 @@ sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT PKGLIBDIR
     demo=$(q -d demo -c "CREATE EXTENSION idempotency" -f examples/demo.sql 2>&1)
     check "$label: the demo runs without an error" 0 "$(grep -c 'ERROR' <<<"$demo")"
     check_match "$label: the demo's retry replays the stored response" "replay\|201" "$demo"
-    oldest=$(ls sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V | head -1)
-    for v in $(ls sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V); do
+    oldest=$(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V | head -1)
+    for v in $(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V); do
         [ "$v" = "$version" ] && continue
         local db=from_${v//./_}
         q -d postgres -c "CREATE DATABASE $db"

@@ -5,7 +5,7 @@
 #   tests/pg_cron/run.sh [DIR] [PORT]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of cron)}
 PORT=${2:-$(port_of cron)}
 

@@ -38,7 +38,7 @@
 # Last line: "portable: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 HERE=$ROOT/tests/portable
 VERSION=0.4.1
 PREVIOUS=0.4.0
@@ -55,6 +55,7 @@ CLUSTERS=()
 
 write_pgtle() {
     local out=$ROOT/sql/portable/pgtle.sql
+    # shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion
     { sed -n '1,/^\$_pgtle_\$$/p' "$out"; cat "$RELEASE"; echo '$_pgtle_$'; echo ');'; } > "$out.new" && mv "$out.new" "$out"
 }
 if [ "${1:-}" = --write-pgtle ]; then write_pgtle; exit; fi
@@ -249,7 +250,7 @@ fingerprint_vs_native() {
         -e "s/to_regnamespace('idempotency')/to_regnamespace('idem_portable')/" -e 's/CREATE SCHEMA idempotency;/CREATE SCHEMA idem_portable;/' "$RELEASE" >"$WORK/renamed.sql"
     q postgres "$db" -1 -f "$WORK/renamed.sql" >/dev/null
     got=$(q postgres "$db" -f "$HERE/fingerprint_compare.sql")
-    echo "$(tail -n 1 <<<"$got")"
+    tail -n 1 <<<"$got"
     check_match "$M fingerprint: the same as the native idem_fingerprint on the corpus and its errors" \
         '^fingerprint: ([0-9]+) of \1 documents agree$' "$(tail -n 1 <<<"$got")"
     [ "$(grep -c '' <<<"$got")" -gt 2 ] && head -n 8 <<<"$got"
@@ -277,7 +278,7 @@ section_regress() {
     sed -i "s/wait_event_type = 'Extension'/wait_event = 'PgSleep'/" \
         "$tree/tests/isolation/specs/claim-wait.spec" "$tree/tests/isolation/expected/claim-wait.out"
     local specs others
-    specs=$(cd "$tree/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+    specs=$(cd "$tree/tests/isolation/specs" && printf '%s\n' *.spec | sed 's/\.spec$//')
     others=$(grep -vx claim-wait <<<"$specs" | paste -sd' ')
     local what user args
     for what in regress isolation isolation-dblink; do
@@ -399,6 +400,7 @@ section_extension() {
         "$(grep -c '^CREATE EXTENSION IF NOT EXISTS idempotency' "$WORK/ext.sql") $(grep -c '^COPY idempotency.keys' "$WORK/ext.sql") $(grep -c 'CREATE FUNCTION idempotency.idem_claim' "$WORK/ext.sql")"
     check "$M extension: DROP EXTENSION removes it" "0" \
         "$(q "$OWNER" port_ext -c "DROP EXTENSION idempotency" -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_claim'")"
+    # shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion
     check "$M extension: pgtle.sql holds the release file unchanged" "" \
         "$(diff <(sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$$/p' "$ROOT/sql/portable/pgtle.sql" | sed '1d;$d') "$RELEASE" | head -5)"
 }

@@ -155,7 +155,7 @@ check "squatted cron schema: a superuser's schedule_maintenance answers 55000 (p
     "$(state postgres sec_cron "SELECT * FROM idempotency.schedule_maintenance();")"
 check "squatted cron schema: the squatter's cron.schedule never ran" 0 \
     "$(grep -c "EVIL-CALLED squatted cron.schedule" "$MAIN/server.log")"
-if [ $HAVE_CRON = 1 ]; then
+if [ "$HAVE_CRON" = 1 ]; then
     sql postgres postgres -c "CREATE EXTENSION pg_cron" -c "CREATE EXTENSION idempotency"
     sql postgres postgres -v role=sec_app -f "$HERE/sql/grants.sql"
     check "with pg_cron: a superuser schedules both jobs" "idempotency-reclaim-stale,idempotency-sweep" \

@@ -19,10 +19,9 @@ for p in prometheus-postgres-exporter prometheus; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]}"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-        { fail "apt-get install ${missing[*]}"; finish monitoring; exit; }
+    fail "${missing[*]} missing: scripts/install-deps.sh installs them (a test installs nothing)"
+    finish monitoring
+    exit
 fi
 extension_installed || { fail "the extension is not installed into PostgreSQL $PG_MAJOR (cargo pgrx install)"; finish monitoring; exit; }
 

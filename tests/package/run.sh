@@ -48,14 +48,13 @@ echo "built in $((SECONDS - started)) s"
 ls -l "$DEB" "$TARBALL"
 
 # --- lintian -----------------------------------------------------------------------------------
-if ! command -v lintian >/dev/null; then
-    echo "installing lintian"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends lintian >/dev/null
+if command -v lintian >/dev/null; then
+    lint=$(lintian --allow-root "$DEB" 2>&1)
+    echo "$lint"
+    check "lintian: no errors" "" "$(grep '^E:' <<<"$lint")"
+else
+    skip "lintian: no errors" "lintian is missing (scripts/install-deps.sh installs it; a test installs nothing)"
 fi
-lint=$(lintian --allow-root "$DEB" 2>&1)
-echo "$lint"
-check "lintian: no errors" "" "$(grep '^E:' <<<"$lint")"
 
 fields=$(dpkg-deb -f "$DEB" Package Version Architecture Depends)
 check_match "control: package, version, amd64, depends on postgresql-15" \

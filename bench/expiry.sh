@@ -86,7 +86,7 @@ if [ "$SMOKE" = 1 ]; then
     SECONDS_PER_RUN=2; CLIENTS="2"; ROUNDS=1; LEVELS="1000 20000"; EXPIRED=20000
     CHURN_SECONDS=8; CHURN_RATE=200; CHURN_BASE=5000
 fi
-OUT=${OUT:-$BENCH/results/expiry-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
+OUT=${OUT:-$BENCH/results/expiry-$(date -u +%Y%m%dT%H%M%SZ)$(if [ "$SMOKE" = 1 ]; then echo -smoke; fi)}
 mkdir -p "$OUT/logs"
 SUMMARY=$OUT/summary.md
 : >"$SUMMARY"
@@ -128,7 +128,7 @@ populate() {  # populate FROM TO EXPIRED(0|1), in batches of a million
 echo "== cluster $CDIR on port $PORT; results in $OUT"
 cluster_fresh "$CDIR" "$PORT" "${CONF[@]}"
 DB=expiry
-DB=postgres q -c "CREATE DATABASE $DB"
+admin -c "CREATE DATABASE $DB"
 q -c "CREATE EXTENSION idempotency; CREATE EXTENSION pgstattuple"
 machine_info | tee "$OUT/machine.txt"
 SCOPE="acct_42 POST /charges"  # the scope bench/scripts/claim_complete.ext.sql claims in
@@ -295,7 +295,7 @@ if [[ " $PHASES " == *" churn "* ]]; then
         d=$OUT/churn/$cfg
         mkdir -p "$d"
         DB=churn_$cfg
-        DB=postgres q -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
+        admin -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
         q -c "CREATE EXTENSION idempotency"
         sql=$(config_sql "$cfg")
         [ -n "$sql" ] && q -c "$sql"
@@ -343,7 +343,7 @@ PY
         IFS='|' read -r t1s i1s <<<"$end_sizes"
         IFS='|' read -r deadstat hotpct avs <<<"$stats"
         echo "| $cfg | $(jget tps <<<"$w") | $(jget p50_ms <<<"$w") | $(jget p99_ms <<<"$w") | $deadstat | $t0s → $t1s | $i0s → $i1s | $hotpct | $avs | $swept |" | tee -a "$SUMMARY"
-        DB=postgres q -c "DROP DATABASE $DB"
+        admin -c "DROP DATABASE $DB"
     done
     {
         echo

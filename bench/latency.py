@@ -63,8 +63,8 @@ def pct(sorted_values, p):
 def window(prefixes, t_from=None, t_to=None):
     lat, failed, first, last, service = [], 0, math.inf, -math.inf, []
     for p in prefixes:
-        l, f, a, b = read_logs(p, t_from, t_to, service)
-        lat += l
+        lats, f, a, b = read_logs(p, t_from, t_to, service)
+        lat += lats
         failed += f
         first, last = min(first, a), max(last, b)
     lat.sort()
@@ -123,7 +123,7 @@ def summarize(results):
     with open(os.path.join(results, "runs.tsv")) as f:
         header = f.readline().rstrip("\n").split("\t")
         for line in f:
-            runs.append(dict(zip(header, line.rstrip("\n").split("\t"))))
+            runs.append(dict(zip(header, line.rstrip("\n").split("\t"), strict=False)))
     groups = {}
     for r in runs:
         lat, failed, first, last = read_logs(os.path.join(results, r["log_prefix"]))
@@ -136,10 +136,12 @@ def summarize(results):
 
     rows = []
     for (pg, clients, scenario, impl), items in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], SCENARIOS.index(kv[0][2]) if kv[0][2] in SCENARIOS else 99, IMPLS.index(kv[0][3]))
+        groups.items(),
+        key=lambda kv: (kv[0][0], kv[0][1], SCENARIOS.index(kv[0][2]) if kv[0][2] in SCENARIOS else 99,
+                        IMPLS.index(kv[0][3]))
     ):
         tps_rounds = [r["tps_log"] for r, _ in items]
-        lat = sorted(x for _, l in items for x in l)
+        lat = sorted(x for _, lats in items for x in lats)
         n = sum(r["n"] for r, _ in items)
         xids = sum(int(r["xids"]) for r, _ in items)
         wal = sum(int(r["wal_bytes"]) for r, _ in items)
@@ -189,7 +191,8 @@ def summarize(results):
             out.append(
                 f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
                 f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
-                f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | {cells[0]} | {cells[1]} | {cells[2]} |"
+                f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | "
+                f"{cells[0]} | {cells[1]} | {cells[2]} |"
             )
         out.append("")
     out.extend(across_majors(rows, by))
@@ -210,11 +213,14 @@ def main(argv):
         prefixes, t_from, t_to, i = [], None, None, 1
         while i < len(argv):
             if argv[i] == "--from":
-                t_from = float(argv[i + 1]); i += 2
+                t_from = float(argv[i + 1])
+                i += 2
             elif argv[i] == "--to":
-                t_to = float(argv[i + 1]); i += 2
+                t_to = float(argv[i + 1])
+                i += 2
             else:
-                prefixes.append(argv[i]); i += 1
+                prefixes.append(argv[i])
+                i += 1
         print(json.dumps(window(prefixes, t_from, t_to)))
     else:
         print(__doc__, file=sys.stderr)

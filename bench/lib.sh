@@ -5,11 +5,16 @@
 # socket in DIR/socket) and port_of; and defines the helpers below.
 
 . "$(dirname "${BASH_SOURCE[0]}")/../tests/lib.sh" || exit 2
+# shellcheck disable=SC2034 # for the scripts that source this file
 BENCH=$ROOT/bench
+# shellcheck disable=SC2034 # for the scripts that source this file
 PY=/usr/bin/python3
 
 # q SQL...: one psql call against $DB on the cluster of $CDIR/$PORT, unaligned, no headers.
+# shellcheck disable=SC2153 # PORT and CDIR are the sourcing script's
 q() { psql -X -q -v ON_ERROR_STOP=1 -h "$CDIR/socket" -p "$PORT" -U postgres -d "${DB:-postgres}" -At "$@"; }
+# admin SQL...: q against the database postgres (to create or drop $DB).
+admin() { DB=postgres q "$@"; }
 
 # The machine and server, for the record.
 machine_info() {
@@ -19,7 +24,7 @@ machine_info() {
     echo "memory:      $(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available"}')"
     echo "load:        $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
     echo "server:      $(q -c 'SELECT version()')"
-    echo "extension:   $(sha256sum "$($PGBIN/pg_config --pkglibdir)/idempotency.so" | cut -c1-16) (sha256 of idempotency.so), repo at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD -- src sql 2>/dev/null || echo ' + uncommitted changes in src/ or sql/')"
+    echo "extension:   $(sha256sum "$("$PGBIN/pg_config" --pkglibdir)/idempotency.so" | cut -c1-16) (sha256 of idempotency.so), repo at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD -- src sql 2>/dev/null || echo ' + uncommitted changes in src/ or sql/')"
     echo "settings:    $(q -c "SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings WHERE source NOT IN ('default', 'override') AND name NOT IN ('unix_socket_directories', 'listen_addresses', 'lc_messages', 'lc_monetary', 'lc_numeric', 'lc_time', 'log_timezone', 'TimeZone', 'default_text_search_config', 'DateStyle', 'dynamic_shared_memory_type', 'application_name', 'client_encoding', 'transaction_isolation', 'default_transaction_isolation')")"
 }
 

@@ -47,14 +47,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 command -v valgrind >/dev/null || { echo "profile.sh needs valgrind (apt-get install valgrind)" >&2; exit 1; }
-OUT=${OUT:-$BENCH/results/profile-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
+OUT=${OUT:-$BENCH/results/profile-$(date -u +%Y%m%dT%H%M%SZ)$(if [ "$SMOKE" = 1 ]; then echo -smoke; fi)}
 mkdir -p "$OUT"
 chmod 777 "$OUT"   # the postgres OS user writes the callgrind files
 trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 
 echo "== cluster $CDIR; results in $OUT"
 cluster_fresh "$CDIR" "$PORT" "shared_buffers = 256MB"
-DB=postgres q -c "CREATE DATABASE bench"
+admin -c "CREATE DATABASE bench"
 DB=bench
 q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
 q -v nkeys=10000 -f "$BENCH/setup.sql" >/dev/null
@@ -150,7 +150,9 @@ for path in $PATHS; do
 done
 echo >>"$OUT/summary.md"
 # The breakdown of the extension's paths.
-$PY "$BENCH/cg_breakdown.py" "$CALLS" $(for p in $PATHS; do echo "$OUT/$p.ext"; done) >>"$OUT/summary.md"
+ext_files=()
+for p in $PATHS; do ext_files+=("$OUT/$p.ext"); done
+$PY "$BENCH/cg_breakdown.py" "$CALLS" "${ext_files[@]}" >>"$OUT/summary.md"
 echo "== summary"
 cat "$OUT/summary.md"
 echo "results: $OUT (callgrind_annotate --inclusive=yes FILE.n2.cg for the breakdown)"

@@ -88,11 +88,11 @@ if [ -n "$PORT$CDIR" ]; then
 fi
 # on_major M: q, pgbench, machine_info and checks.sh talk to M's cluster.
 on_major() { use_major "$1"; PORT=${PORTS[$1]}; CDIR=${CDIRS[$1]}; }
-OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
+OUT=${OUT:-$BENCH/results/run-$(date -u +%Y%m%dT%H%M%SZ)$(if [ "$SMOKE" = 1 ]; then echo -smoke; fi)}
 mkdir -p "$OUT/logs"
 DB=bench
 PORTABLE_DB=bench_portable
-PORTABLE_SQL=$(ls "$ROOT"/sql/portable/idempotency-portable--*.sql | grep -v -- '--.*--' | sort -V | tail -n 1)
+PORTABLE_SQL=$(printf '%s\n' "$ROOT"/sql/portable/idempotency-portable--*.sql | grep -v -- '--.*--' | sort -V | tail -n 1)
 
 cleanup() {
     if [ "$KEEP" = 0 ]; then
@@ -110,12 +110,12 @@ for m in "${MAJORS[@]}"; do
     on_major "$m"
     echo "== PostgreSQL $m: cluster $CDIR on port $PORT; results in $OUT"
     cluster_fresh "$CDIR" "$PORT" "${CONF[@]}"
-    DB=postgres q -c "CREATE DATABASE $DB"
+    admin -c "CREATE DATABASE $DB"
     q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
     echo "== populating ($NKEYS records per implementation and outcome)"
     q -v nkeys="$NKEYS" -f "$BENCH/setup.sql" >"$OUT/setup-pg$m.log"
     echo "== the portable edition ($(basename "$PORTABLE_SQL")) in database $PORTABLE_DB, populated alike"
-    DB=postgres q -c "CREATE DATABASE $PORTABLE_DB"
+    admin -c "CREATE DATABASE $PORTABLE_DB"
     DB=$PORTABLE_DB q -1 -f "$PORTABLE_SQL" >/dev/null
     DB=$PORTABLE_DB q -f "$BENCH/plpgsql_peer.sql" >/dev/null 2>&1
     sed '/^CREATE EXTENSION/d' "$BENCH/setup.sql" | DB=$PORTABLE_DB q -v nkeys="$NKEYS" >"$OUT/setup-portable-pg$m.log"

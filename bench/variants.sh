@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$SMOKE" = 1 ] && { SECONDS_PER_RUN=1; CLIENTS=2; ROUNDS=1; ROWS=10000; }
 CDIR=/tmp/idempotency-variants-$PORT
-OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$([ "$SMOKE" = 1 ] && echo -smoke || true)}
+OUT=${OUT:-$BENCH/results/variants-$(date -u +%Y%m%dT%H%M%SZ)$(if [ "$SMOKE" = 1 ]; then echo -smoke; fi)}
 mkdir -p "$OUT/logs"
 trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 
@@ -55,7 +55,7 @@ cleanup_sql() {
     esac
 }
 for v in $VARIANTS; do
-    DB=postgres q -c "CREATE DATABASE v_$v"
+    admin -c "CREATE DATABASE v_$v"
     DB=v_$v
     q -c "CREATE EXTENSION idempotency"
     case $v in
@@ -104,7 +104,9 @@ echo "== summary"
         base=""
         floor=$(awk -F'\t' -v c="$c" '$1 == c && $3 == "floor" {s += $6; n++} END {if (n) printf "%.0f", s / n}' "$OUT/runs.tsv")
         for v in $VARIANTS; do
-            w=$($PY "$BENCH/latency.py" window $(for r in $(seq 1 "$ROUNDS"); do echo "$OUT/logs/claim_complete.$v.c$c.r$r"; done))
+            logs=()
+            for r in $(seq 1 "$ROUNDS"); do logs+=("$OUT/logs/claim_complete.$v.c$c.r$r"); done
+            w=$($PY "$BENCH/latency.py" window "${logs[@]}")
             tps=$(awk -F'\t' -v c="$c" -v v="$v" '$1 == c && $3 == v {s += $6; n++} END {printf "%.0f", s / n}' "$OUT/runs.tsv")
             [ -z "$base" ] && base=$tps
             p50=$($PY -c "import json,sys; print(json.loads(sys.argv[1])['p50_ms'])" "$w")

@@ -4,6 +4,7 @@
 #   scripts/cluster.sh [--pg MAJOR] start DIR PORT [postgresql.conf lines...]   initdb if needed, start
 #   scripts/cluster.sh [--pg MAJOR] stop DIR
 # MAJOR: 15 (default, or $PG_MAJOR) or 18. Clients connect with: psql -h DIR/socket -p PORT -U postgres
+# (the unix socket only; the extra line "listen_addresses = '127.0.0.1'" opens 127.0.0.1:PORT too).
 set -euo pipefail
 if [ "${1:-}" = --pg ]; then
     PG_MAJOR=${2:?--pg needs a major (15 or 18)}

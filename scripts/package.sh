@@ -128,12 +128,14 @@ build_deb() {
 }
 
 build_tarball() {
-    local major=$1 tree=$staging/$major/tree tarball
+    local major=$1 tree tarball top
+    tree=$staging/$major/tree
     tarball=idempotency-$version-pg$major-amd64.tar.gz
     find "$tree" -type d -exec chmod 0755 {} +
     find "$tree" -type f -exec chmod 0644 {} +
+    mapfile -t top < <(cd "$tree" && ls -A)
     tar -C "$tree" --sort=name --owner=0 --group=0 --numeric-owner --mtime='@0' -czf "$staging/$tarball" \
-        $(cd "$tree" && ls -A)
+        "${top[@]}"
     mv -f "$staging/$tarball" "$OUT/$tarball"
     echo "package.sh: $OUT/$tarball"
 }

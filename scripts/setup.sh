@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Command 1 of the README: on a fresh Debian 12 machine, as root, install what is needed,
 # build and install the extension, start a throwaway PostgreSQL cluster and run the demo.
-#   scripts/setup.sh              PostgreSQL 15: cluster in /tmp/idempotency-demo, port 20300
-#   scripts/setup.sh --pg 18      PostgreSQL 18: /tmp/idempotency-demo-pg18, port 21300
-# (DEMO_DIR / DEMO_PORT override the folder and port.)
+#   scripts/setup.sh              PostgreSQL 15: cluster in /tmp/idempotency-demo
+#   scripts/setup.sh --pg 18      PostgreSQL 18: /tmp/idempotency-demo-pg18
+# on the port of tests/lib.sh's "demo" row (DEMO_DIR / DEMO_PORT override the folder and port).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --pg ]; then
@@ -24,7 +24,8 @@ echo "== building and installing the extension (release) into PostgreSQL $PG_MAJ
 cargo pgrx install --release --pg-config "$PGBIN/pg_config" --no-default-features --features "pg$PG_MAJOR"
 
 echo "== starting a throwaway cluster in $DEMO_DIR on port $DEMO_PORT"
-cluster_fresh "$DEMO_DIR" "$DEMO_PORT"
+# On 127.0.0.1 too: the client examples and demo apps one tries against it connect over TCP.
+cluster_fresh "$DEMO_DIR" "$DEMO_PORT" "$LISTEN_TCP"
 
 install_extension postgres -h "$DEMO_DIR/socket" -p "$DEMO_PORT" -U postgres
 echo "== demo"

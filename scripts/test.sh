@@ -16,7 +16,7 @@
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
 # with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 # On a fresh machine PostgreSQL is not there yet (install-deps below brings it): the majors
 # are chosen with --pg, and each is checked when its turn comes.
 unset PG_MAJOR
@@ -52,7 +52,7 @@ register() {
 # The descriptions are Markdown in single quotes: their backticks are meant literally.
 # shellcheck disable=SC2016
 register_suites() {
-    register lint            once full -       '`cargo fmt --check` and clippy ([Lints](#lints))' \
+    register lint            once full -       '`cargo fmt --check` and clippy, shellcheck, ruff, eslint, the test-hygiene check ([Lints](#lints))' \
         OPTIONAL:scripts/lint.sh
     register links           once fast -       'every relative link and `#anchor` in the Markdown files resolves' \
         OPTIONAL:scripts/check-links.py
@@ -179,7 +179,7 @@ e2e_apps() { E2E_APPS_PORT=$(port_of e2e-apps) tests/e2e/run_demo_apps.sh; }
 
 # A claim whose COMMIT's reply is lost, repeated with its caller-chosen token.
 claim_retry() {
-    /usr/bin/python3 tests/claim_retry/run.py --host 127.0.0.1 --port "$PGPORT" --proxy-port "$(port_of claim-retry)"
+    /usr/bin/python3 tests/claim_retry/run.py --host "$PGHOST" --port "$PGPORT" --proxy-port "$(port_of claim-retry)"
 }
 
 # The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).

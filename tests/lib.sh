@@ -30,8 +30,11 @@
 #   pg_config_for MAJOR               its pg_config
 #   as_postgres CMD...                CMD as the postgres OS user (PostgreSQL refuses root), from /
 #   cluster_start DIR PORT [CONF...]  initdb DIR/data with PG_MAJOR's binaries if needed (CONF:
-#                                     extra postgresql.conf lines), start it; socket in DIR/socket.
-#                                     Retries a port briefly held by someone else's client socket.
+#                                     extra postgresql.conf lines), start it. It listens on its
+#                                     unix socket in DIR/socket only (PORT names the socket file)
+#                                     unless CONF holds "$LISTEN_TCP": then on 127.0.0.1:PORT too,
+#                                     for clients that only speak TCP (PgBouncer, the client
+#                                     packages' URLs, the HTTP demo apps, the exporter, Citus).
 #   cluster_stop DIR                  stop it (nothing if it is not running)
 #   cluster_fresh DIR PORT [CONF...]  stop, remove DIR, cluster_start
 #   install_extension DB [PSQL ARGS]  the extension into DB in the edition IDEM_EDITION says
@@ -168,6 +171,7 @@ go            20400  21400  2      client package suite: Go (PostgreSQL, pgbounc
 go-apps       20402  21402  8      clients/go demo servers
 java          20410  21410  2      client package suite: Java (PostgreSQL, pgbouncer)
 java-apps     20412  21412  8      clients/java demo servers
+python-apps   20420  21420  12     clients/python demo servers (IDEM_PY_HTTP_PORT)
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
 # on the machine can hold one. IDEM_TEST_SLOT=N (1-8) moves every port up by N * 1300 and
@@ -199,6 +203,11 @@ dir_of() { # dir_of NAME [MAJOR]
 
 # --- clusters ----------------------------------------------------------------------------
 
+# The CONF line of cluster_start for a cluster that TCP clients reach (it comes after, and so
+# overrides, the default listen_addresses = '').
+# shellcheck disable=SC2034 # for the scripts that source this file
+LISTEN_TCP="listen_addresses = '127.0.0.1'"
+
 cluster_start() { # cluster_start DIR PORT [CONF...]
     local dir port try line have
     dir=$(realpath -m "${1:?cluster directory}")
@@ -218,15 +227,15 @@ cluster_start() { # cluster_start DIR PORT [CONF...]
         as_postgres mkdir -p "$dir/socket"
         {
             echo "port = $port"
-            echo "listen_addresses = '127.0.0.1'"
+            echo "listen_addresses = ''"
             echo "unix_socket_directories = '$dir/socket'"
             echo "max_connections = 120"
             echo "fsync = off"
             for line in "$@"; do echo "$line"; done
         } | as_postgres tee -a "$dir/data/postgresql.conf" >/dev/null
     fi
-    # A port can still be held for a moment by a server of ours stopped just before, so a
-    # few tries.
+    # A TCP port can still be held for a moment by a server of ours stopped just before, so
+    # a few tries.
     for try in 1 2 3; do
         as_postgres "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null && return 0
         echo "cluster_start: $dir (PostgreSQL $PG_MAJOR, port $port) did not start (try $try); its log says:" >&2

@@ -65,7 +65,7 @@ cleanup() {
     cluster_stop "$DIR/pg"
 }
 trap cleanup EXIT
-if ! cluster_start "$DIR/pg" "$PORT" || ! install_extension postgres -h "$DIR/pg/socket" -p "$PORT" -U postgres; then
+if ! cluster_start "$DIR/pg" "$PORT" "$LISTEN_TCP" || ! install_extension postgres -h "$DIR/pg/socket" -p "$PORT" -U postgres; then
     fail "a PostgreSQL $PG_MAJOR cluster with the extension ($IDEM_EDITION edition)"
     finish go-client
     exit 1

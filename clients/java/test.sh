@@ -40,7 +40,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 
 echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
-cluster_start "$dir/pg" "$pg_port"
+cluster_start "$dir/pg" "$pg_port" "$LISTEN_TCP"
 install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
 pgbouncer_start "$dir" "$bouncer_port" "$pg_port"
 

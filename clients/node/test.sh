@@ -29,6 +29,7 @@ mkdir -p "$dir"
 echo "== npm pack"
 pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     pgbouncer_stop "$dir"
     cluster_stop "$dir/pg"
@@ -36,7 +37,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) on port $bouncer_port"
-cluster_start "$dir/pg" "$pg_port"
+cluster_start "$dir/pg" "$pg_port" "$LISTEN_TCP"
 install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
 pgbouncer_start "$dir" "$bouncer_port" "$pg_port"
 

@@ -11,7 +11,7 @@
 # Last line: "python-client: N passed, M failed" (from pytest's junit report; skipped tests are
 # listed with their reason and not counted as passed). Exit code non-zero on any failure.
 #   IDEM_PY_PORT (default: tests/lib.sh's "python" port; PgBouncer on +1), IDEM_PY_DIR,
-#   IDEM_PY_HTTP_PORT (first port for the demo servers; default: ports the kernel picks)
+#   IDEM_PY_HTTP_PORT (first port for the demo servers; default: tests/lib.sh's "python-apps" row)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../tests/lib.sh" || exit 2
@@ -45,7 +45,7 @@ rm -rf "$here/dist"
 wheel=$(ls "$here"/dist/pg_idempotency-*.whl)
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel" || give_up "installing the wheel failed"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "$wheel[test]" \
+    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "${wheel}[test]" \
         || give_up "pip install (test extras) failed"
     echo "$want" >"$stamp"
 fi
@@ -62,13 +62,14 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "== PostgreSQL $PG_MAJOR on port $port, PgBouncer on $bouncer_port ($dir)"
-cluster_fresh "$dir" "$port" || give_up "the cluster did not start"
+cluster_fresh "$dir" "$port" "$LISTEN_TCP" || give_up "the cluster did not start"
 pgbouncer_start "$dir/bouncer" "$bouncer_port" "$port" "prep_check = host=127.0.0.1 port=$port dbname=idem_py" ||
     give_up "pgbouncer did not start"
 echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
 
 export IDEM_PY_DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
 export IDEM_PY_PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres"
+export IDEM_PY_HTTP_PORT=${IDEM_PY_HTTP_PORT:-$(port_of python-apps)}
 export IDEM_PY_LOG_DIR="$dir/logs"
 mkdir -p "$IDEM_PY_LOG_DIR"
 echo "== pytest"

@@ -34,7 +34,7 @@ cleanup() {
     cluster_stop "$DIR"
 }
 trap cleanup EXIT
-cluster_fresh "$DIR" "$PORT" || { echo "rust: 0 passed, 1 failed"; exit 1; }
+cluster_fresh "$DIR" "$PORT" "$LISTEN_TCP" || { echo "rust: 0 passed, 1 failed"; exit 1; }
 psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "CREATE EXTENSION idempotency" ||
     { echo "rust: 0 passed, 1 failed"; exit 1; }
 rm -f "$SKIP_FILE"
@@ -82,7 +82,7 @@ else
     note_failure "pgbouncer did not start (see $DIR/pgbouncer.log)"
 fi
 
-skips=$(cat "$SKIP_FILE" 2>/dev/null | wc -l)
+skips=$(wc -l 2>/dev/null <"$SKIP_FILE" || echo 0)
 if [ "$skips" -gt 0 ]; then
     echo "skipped (not counted as passed):"
     sed 's/^/  /' "$SKIP_FILE"

@@ -147,13 +147,15 @@ def distribution(cl):
         "FROM pg_dist_partition WHERE logicalrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass) "
         "ORDER BY 1").fetchall()
     check("keys and messages are hash-distributed by scope",
-          [(r[0], r[1], r[2]) for r in rows] == [("idempotency.keys", "h", "scope"), ("idempotency.messages", "h", "scope")],
+          [(r[0], r[1], r[2]) for r in rows]
+          == [("idempotency.keys", "h", "scope"), ("idempotency.messages", "h", "scope")],
           f"pg_dist_partition has {rows}")
     check("keys and messages are colocated", len(rows) == 2 and rows[0][3] == rows[1][3], f"{rows}")
 
     delegated = cl.c.execute(
         "SELECT p.proname::text, d.distribution_argument_index, "
-        "       d.colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idempotency.keys'::regclass) "
+        "       d.colocationid = (SELECT colocationid FROM pg_dist_partition "
+        "                         WHERE logicalrelid = 'idempotency.keys'::regclass) "
         "FROM pg_proc p LEFT JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
         "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' ORDER BY 1").fetchall()
     check("the six scope-first functions are delegated by scope, colocated with the tables",
@@ -168,7 +170,8 @@ def distribution(cl):
     for port, info in cl.workers.items():
         with connect(info) as w:
             for s in (s1, s2):
-                shard = cl.c.execute("SELECT shard_name('idempotency.keys', get_shard_id_for_distribution_column('idempotency.keys', %s::text))",
+                shard = cl.c.execute("SELECT shard_name('idempotency.keys', "
+                                     "get_shard_id_for_distribution_column('idempotency.keys', %s::text))",
                                      (s,)).fetchone()[0]
                 exists = w.execute("SELECT to_regclass(%s) IS NOT NULL", (shard,)).fetchone()[0]
                 n = w.execute(f"SELECT count(*) FROM {shard} WHERE scope = %s", (s,)).fetchone()[0] if exists else 0
@@ -245,7 +248,8 @@ def contract(cl, path):
     check(f"{label} a released key is claimed anew", r == [("claimed",)], f"{r}")
 
     tok3 = call("SELECT token FROM idempotency.idem_claim(%s, 'k3', lease => '1 ms')", (s,))[0][0]
-    call("SELECT idempotency.idem_checkpoint(%s, 'k3', %s, 'half-way', %s, lease => '1 ms')", (s, tok3, Jsonb({"n": 1})))
+    call("SELECT idempotency.idem_checkpoint(%s, 'k3', %s, 'half-way', %s, lease => '1 ms')",
+         (s, tok3, Jsonb({"n": 1})))
     time.sleep(0.05)
     r = call("SELECT outcome, token <> %s, attempts, recovery_point, recovery_data "
              "FROM idempotency.idem_claim(%s, 'k3')", (tok3, s))[0]
@@ -329,15 +333,17 @@ def concurrency(cl):
         barrier = threading.Barrier(n)
         outcomes = [None] * n
 
-        def worker(i):
+        def worker(i, mode=mode, s=s, conns=conns, barrier=barrier, outcomes=outcomes):  # this round's, bound
             conn = conns[i]
             try:
                 barrier.wait()
                 if mode == "autocommit":
-                    outcomes[i] = conn.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'one')", (s,)).fetchone()[0]
+                    outcomes[i] = conn.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'one')",
+                                               (s,)).fetchone()[0]
                 else:
                     with conn.transaction():
-                        o, tok = conn.execute("SELECT outcome, token FROM idempotency.idem_claim(%s, 'one')", (s,)).fetchone()
+                        o, tok = conn.execute("SELECT outcome, token FROM idempotency.idem_claim(%s, 'one')",
+                                              (s,)).fetchone()
                         if o == "claimed":
                             time.sleep(0.3)  # the others wait on the unique index meanwhile
                             conn.execute("SELECT idempotency.idem_complete(%s, 'one', %s, 201)", (s, tok))
@@ -395,7 +401,8 @@ def maintenance(cl):
     after = expired_per_worker()
     check("no expired row left on either worker", all(v == 0 for v in after.values()), f"{after}",
           "" if swept else NEEDS_REPLACEMENT)
-    live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key = 'live'", (scopes,)).fetchone()[0]
+    live = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key = 'live'",
+                     (scopes,)).fetchone()[0]
     check("the sweep left every live record", live == len(scopes), f"{live} of {len(scopes)}")
 
     for s in scopes:
@@ -403,7 +410,8 @@ def maintenance(cl):
     time.sleep(0.05)
     try:
         c.execute("CALL idempotency.idem_sweep_all(2)")
-        left = c.execute("SELECT count(*) FROM idempotency.keys WHERE expires_at <= now() AND scope = ANY(%s)", (scopes,)).fetchone()[0]
+        left = c.execute("SELECT count(*) FROM idempotency.keys WHERE expires_at <= now() AND scope = ANY(%s)",
+                         (scopes,)).fetchone()[0]
         check("CALL idem_sweep_all(2) empties the backlog on both workers", left == 0, f"{left} left")
     except psycopg.errors.DatabaseError as e:
         check("CALL idem_sweep_all across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
@@ -416,14 +424,17 @@ def maintenance(cl):
         old[s] = c.execute("SELECT token FROM idempotency.idem_claim(%s, 'st', lease => '1 ms')", (s,)).fetchone()[0]
     time.sleep(0.05)
     try:
-        rows = c.execute("SELECT scope, token, attempts FROM idempotency.idem_reclaim_stale(100, release => false, lease => '1 ms') "
+        rows = c.execute("SELECT scope, token, attempts "
+                         "FROM idempotency.idem_reclaim_stale(100, release => false, lease => '1 ms') "
                          "WHERE scope = ANY(%s)", (scopes,)).fetchall()
         check("idem_reclaim_stale(release => false) takes over the stale claims on both workers",
-              sorted(r[0] for r in rows) == sorted(scopes) and all(r[1] != old[r[0]] and r[2] == 2 for r in rows), f"{rows}")
+              sorted(r[0] for r in rows) == sorted(scopes) and all(r[1] != old[r[0]] and r[2] == 2 for r in rows),
+              f"{rows}")
         owners = c.execute("SELECT scope, token FROM idempotency.keys WHERE scope = ANY(%s)", (scopes,)).fetchall()
         check("the new tokens own the records", sorted(owners) == sorted((r[0], r[1]) for r in rows), f"{owners}")
         time.sleep(0.05)
-        rows = c.execute("SELECT scope FROM idempotency.idem_reclaim_stale(100) WHERE scope = ANY(%s)", (scopes,)).fetchall()
+        rows = c.execute("SELECT scope FROM idempotency.idem_reclaim_stale(100) WHERE scope = ANY(%s)",
+                         (scopes,)).fetchall()
         left = c.execute("SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s)", (scopes,)).fetchone()[0]
         check("idem_reclaim_stale() releases the stale claims on both workers",
               sorted(r[0] for r in rows) == sorted(scopes) and left == 0, f"{rows}, {left} left")
@@ -521,7 +532,8 @@ def repeated(cl):
         try:
             taken = []
             for _ in range(100):
-                rows = fresh.execute("SELECT scope, key, token FROM idempotency.idem_reclaim_stale(1, release => false)").fetchall()
+                rows = fresh.execute(
+                    "SELECT scope, key, token FROM idempotency.idem_reclaim_stale(1, release => false)").fetchall()
                 taken.append(rows)
                 if not rows:
                     break
@@ -537,7 +549,8 @@ def repeated(cl):
             check("the token a takeover replaced is fenced (idem_release: false), the new one owns the claim (true)",
                   (fenced, owner) == (False, True), f"old token: {fenced}, new token: {owner}")
         except psycopg.errors.DatabaseError as e:
-            check("idem_reclaim_stale(1) over and over across shards", False, f"{e.sqlstate}: {e}".strip(), NEEDS_REPLACEMENT)
+            check("idem_reclaim_stale(1) over and over across shards", False, f"{e.sqlstate}: {e}".strip(),
+                  NEEDS_REPLACEMENT)
 
 
 def misc(cl):

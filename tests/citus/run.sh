@@ -9,7 +9,7 @@
 # change to the extension's SQL before it is built).
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of citus)}
 PORT=${2:-$(port_of citus)}
 
@@ -27,7 +27,7 @@ stop_all() { for n in "${NODES[@]}"; do cluster_stop "$DIR/$n"; done; }
 stop_all
 rm -rf "$DIR"
 for i in 0 1 2; do
-    if ! cluster_start "$DIR/${NODES[$i]}" $((PORT + i)) "shared_preload_libraries = 'citus'"; then
+    if ! cluster_start "$DIR/${NODES[$i]}" $((PORT + i)) "$LISTEN_TCP" "shared_preload_libraries = 'citus'"; then
         fail "starting ${NODES[$i]}" "see $DIR/${NODES[$i]}/server.log"
         stop_all
         end_suite
@@ -67,6 +67,7 @@ if [ "$(q 0 -c "SELECT to_regprocedure('idempotency.distribute(boolean)') IS NUL
 fi
 
 first=$(q 0 -c "SELECT string_agg(object || ': ' || action, E'\n' ORDER BY object) FROM idempotency.distribute()" 2>&1)
+# shellcheck disable=SC2001 # indents every line
 echo "$first" | sed 's/^/     /'
 check "distribute() distributes keys and messages by scope" \
     "idempotency.keys: distributed by scope|idempotency.messages: distributed by scope" \

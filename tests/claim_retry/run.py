@@ -9,10 +9,12 @@ unchanged, writing nothing; another worker's token still gets `in_progress`. The
 when the COMMIT itself is lost (the claim rolled back): the repeated call claims afresh with
 the token. Uses Debian's python3-psycopg (/usr/bin/python3).
 
-  tests/claim_retry/run.py [--host 127.0.0.1] [--port 5432] [--proxy-port 56620]
+  tests/claim_retry/run.py --host HOST --port PORT --proxy-port PROXY_PORT
 
-Needs a server with the extension installed, reachable over TCP (the database
-idem_claim_retry is created afresh). Last line: "claim-retry: N passed, M failed".
+HOST is the server's unix socket directory (or a TCP address); the proxy listens on
+127.0.0.1:PROXY_PORT (scripts/test.sh takes it from tests/lib.sh's port table). Needs a
+server with the extension installed (the database idem_claim_retry is created afresh).
+Last line: "claim-retry: N passed, M failed".
 """
 import argparse
 import os
@@ -42,8 +44,9 @@ class LoseCommitProxy:
     (the commit happens), mode 'commit' loses the COMMIT itself (the server sees the client
     go away, so the transaction rolls back), mode None forwards everything."""
 
-    def __init__(self, listen_port, server):
-        self.server = server
+    def __init__(self, listen_port, host, port):
+        # A directory is a unix socket's, as for libpq.
+        self.server = f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
         self.mode = None
         self.lost = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", listen_port))
@@ -52,7 +55,11 @@ class LoseCommitProxy:
     def accept_loop(self):
         while True:
             client, _ = self.listener.accept()
-            upstream = socket.create_connection(self.server)
+            if isinstance(self.server, str):
+                upstream = socket.socket(socket.AF_UNIX)
+                upstream.connect(self.server)
+            else:
+                upstream = socket.create_connection(self.server)
             commit_sent = threading.Event()
             threading.Thread(target=self.client_to_server, args=(client, upstream, commit_sent), daemon=True).start()
             threading.Thread(target=self.server_to_client, args=(upstream, client, commit_sent), daemon=True).start()
@@ -119,9 +126,9 @@ class LoseCommitProxy:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--host", default=os.environ.get("PGHOST_TCP", "127.0.0.1"))
-    ap.add_argument("--port", type=int, default=int(os.environ.get("PGPORT", "5432")))
-    ap.add_argument("--proxy-port", type=int, default=56620)
+    ap.add_argument("--host", default=os.environ.get("PGHOST"), required="PGHOST" not in os.environ)
+    ap.add_argument("--port", type=int, default=os.environ.get("PGPORT"), required="PGPORT" not in os.environ)
+    ap.add_argument("--proxy-port", type=int, required=True)
     args = ap.parse_args()
     user = os.environ.get("PGUSER", "postgres")
     db = "idem_claim_retry"
@@ -131,7 +138,7 @@ def main():
         c.execute(f"CREATE DATABASE {db}")
     admin = psycopg.connect(dbname=db, autocommit=True, **direct)
     admin.execute("CREATE EXTENSION idempotency")
-    proxy = LoseCommitProxy(args.proxy_port, (args.host, args.port))
+    proxy = LoseCommitProxy(args.proxy_port, args.host, args.port)
     via_proxy = dict(host="127.0.0.1", port=args.proxy_port, user=user, dbname=db, sslmode="disable")
     claim = "SELECT outcome, token, attempts FROM idempotency.idem_claim('acct_42', %s, 'fp', token => %s)"
 

@@ -53,7 +53,7 @@ else
     rust_ok=1
 fi
 
-cluster_fresh "$dir" "$port" || { fail "start PostgreSQL $PG_MAJOR"; finish examples; exit 1; }
+cluster_fresh "$dir" "$port" "$LISTEN_TCP" || { fail "start PostgreSQL $PG_MAJOR"; finish examples; exit 1; }
 install_extension postgres -h "$dir/socket" -p "$port" -U postgres ||
     { fail "install the extension"; finish examples; exit 1; }
 export DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"

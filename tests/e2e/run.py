@@ -36,7 +36,7 @@ extension, the gateway stub (`charges-api gateway-stub`, charges-api only) and t
 
 Each check prints a line; the last line is "e2e: N passed, M failed"; the exit code is 1 if
 anything failed. Every process it starts is stopped at the end, also on a timeout.
-Ports: PG_PORT..PG_PORT+3 (default 55446-55449: PostgreSQL, gateway stub, service, proxy).
+Ports: --port PORT..PORT+3 (PostgreSQL, gateway stub, service, proxy; run.sh gives tests/lib.sh's).
 """
 
 import argparse
@@ -108,14 +108,16 @@ class Harness:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     raise RuntimeError(f"port {port} is already in use (use --port)")
         self.cluster_started = True
-        subprocess.run([CLUSTER, "start", self.dir, str(self.pg_port)], check=True, timeout=120)
+        # On 127.0.0.1 too: the apps and the proxy connect over TCP.
+        subprocess.run([CLUSTER, "start", self.dir, str(self.pg_port), "listen_addresses = '127.0.0.1'"],
+                       check=True, timeout=120)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION idempotency")
         self.db = psycopg.connect(self.dsn, autocommit=True)
 
     def spawn(self, name, argv, ready_port, tries=3):
-        # Our ports lie in Linux's ephemeral range: another program's client socket can hold one
-        # for a moment ("Address already in use"), so a few tries.
+        # A port of ours stopped a moment before may still be held ("Address already in use"),
+        # so a few tries.
         for left in range(tries - 1, -1, -1):
             try:
                 return self._spawn_once(name, argv, ready_port)
@@ -568,7 +570,8 @@ def scenario_bad_requests(h):
         check(f"{route} missing key: 400 problem+json, the contract's idempotency-key-missing",
               is_contract_problem(r, "idempotency-key-missing"), repr(r))
     check("bad requests: no charge row, no idempotency record",
-          h.charges(tenant) == 0 and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
+          h.charges(tenant) == 0
+          and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
 
     # accepted forms: 255 characters; a quoted string and a bare token name the same key
     long_key = "k" * 255
@@ -798,8 +801,9 @@ def main():
     target = ap.add_mutually_exclusive_group(required=True)
     target.add_argument("--service-bin", help="the built charges-api binary (adds the charges-api checks)")
     target.add_argument("--app-cmd", help="a demo app's command template: {listen} {port} {database_url} {lease_ms}")
-    ap.add_argument("--port", type=int, default=int(os.environ.get("E2E_PORT", "55446")),
-                    help="first of four ports: PostgreSQL, gateway stub, service, proxy (default 55446)")
+    ap.add_argument("--port", type=int, default=os.environ.get("E2E_PORT"), required="E2E_PORT" not in os.environ,
+                    help="first of four ports: PostgreSQL, gateway stub, service, proxy (tests/e2e/run.sh and"
+                    " run_demo_apps.sh take them from tests/lib.sh's port table; else $E2E_PORT)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds before the whole run is stopped")
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--name", default="e2e", help="the suite's name in the last line (default e2e)")

@@ -6,11 +6,13 @@
 # package's own test.sh builds it: cargo, the venv clients/python/.venv or $IDEM_PY_PYTHON,
 # clients/node/node_modules; go on PATH; java and mvn) is skipped with the reason, never
 # counted as passed.
-# Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default 20340) to +3.
+# Needs the extension installed into PostgreSQL 15. Ports: E2E_APPS_PORT (default: tests/lib.sh's
+# "e2e-apps" row) to +3.
 # Last line: "e2e-apps: N passed, M failed".
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-port=${E2E_APPS_PORT:-20340}
+. "$root/tests/lib.sh" || exit 2
+port=${E2E_APPS_PORT:-$(port_of e2e-apps)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/clients}
 export PATH="$HOME/.cargo/bin:$PATH:/usr/local/go/bin"
 passed=0

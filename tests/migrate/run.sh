@@ -14,7 +14,7 @@
 #   tests/migrate/run.sh [DIR] [PORT15] [PORT18]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=$(realpath -m "${1:-$(dir_of migrate)}")
 PORT15=${2:-$(port_of migrate 15)}
 PORT18=${3:-$(port_of migrate 18)}
@@ -177,10 +177,12 @@ cluster_stop "$DIR/pg18"
 # The new cluster: made by cluster_start (its port and socket settings), then stopped, and its
 # data checksums turned off (18's initdb turns them on, 15's did not, pg_upgrade wants both alike).
 use_major 18
-cluster_fresh "$DIR/upgraded" "$PORT18" && cluster_stop "$DIR/upgraded" &&
-    as_postgres "$BIN18/pg_checksums" --disable -D "$DIR/upgraded/data" >/dev/null ||
-    { fail "prepare the new 18 cluster for pg_upgrade"; finish migrate; exit; }
+if ! { cluster_fresh "$DIR/upgraded" "$PORT18" && cluster_stop "$DIR/upgraded" &&
+        as_postgres "$BIN18/pg_checksums" --disable -D "$DIR/upgraded/data" >/dev/null; }; then
+    fail "prepare the new 18 cluster for pg_upgrade"; finish migrate; exit
+fi
 as_postgres mkdir -p "$DIR/upgraded/work"
+# shellcheck disable=SC2016 # expanded by the inner bash
 (cd / && runuser -u postgres -- bash -c 'cd "$1" && shift && exec "$@"' _ "$DIR/upgraded/work" \
     "$BIN18/pg_upgrade" -b "$BIN15" -B "$BIN18" -d "$DIR/pg15/data" -D "$DIR/upgraded/data" \
     -p "$PORT15" -P "$PORT18" -s "$DIR/upgraded/work" -U postgres) >"$DIR/pg_upgrade.log" 2>&1

@@ -8,7 +8,7 @@
 #   tests/monitoring/run.sh [DIR] [PORT]      (PORT: the cluster, PORT + 1: the exporter)
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of monitoring)}
 PORT=${2:-$(port_of monitoring)}
 EXPORTER_PORT=$((PORT + 1))
@@ -19,10 +19,9 @@ for p in prometheus-postgres-exporter prometheus; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]}"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-        { fail "apt-get install ${missing[*]}"; finish monitoring; exit; }
+    fail "${missing[*]} missing: scripts/install-deps.sh installs them (a test installs nothing)"
+    finish monitoring
+    exit
 fi
 extension_installed || { fail "the extension is not installed into PostgreSQL $PG_MAJOR (cargo pgrx install)"; finish monitoring; exit; }
 
@@ -40,7 +39,7 @@ if [ "$PG_MAJOR" = 15 ]; then
     with_cron=true
     conf=("shared_preload_libraries = 'pg_cron'" "cron.database_name = '$DB'")
 fi
-cluster_fresh "$DIR" "$PORT" "${conf[@]}" || { fail "start the cluster"; finish monitoring; exit; }
+cluster_fresh "$DIR" "$PORT" "$LISTEN_TCP" "${conf[@]}" || { fail "start the cluster"; finish monitoring; exit; }
 exporter_pid=
 cleanup() {
     [ -n "$exporter_pid" ] && kill "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
@@ -48,8 +47,10 @@ cleanup() {
 }
 trap cleanup EXIT
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$DIR/socket" -p "$PORT" -U postgres -d "$DB" "$@"; }
-psql -X -q -h "$DIR/socket" -p "$PORT" -U postgres -d postgres -c "CREATE DATABASE $DB" &&
-    install_extension "$DB" -h "$DIR/socket" -p "$PORT" -U postgres || { fail "create the extension"; finish monitoring; exit; }
+if ! { psql -X -q -h "$DIR/socket" -p "$PORT" -U postgres -d postgres -c "CREATE DATABASE $DB" &&
+        install_extension "$DB" -h "$DIR/socket" -p "$PORT" -U postgres; }; then
+    fail "create the extension"; finish monitoring; exit
+fi
 
 # 3 completed, 3 in_progress (one stale: its lease ended; one claimed an hour ago), 4 expired
 # records (2 completed, 2 in_progress); 5 live message ids and 2 expired ones. The expiry,

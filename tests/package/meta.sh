@@ -7,7 +7,7 @@
 #   tests/package/meta.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 
 version=$(extension_version)
 meta() { # meta PYTHON-EXPRESSION-ON-m: prints its value (or an error line)
@@ -18,7 +18,7 @@ check "META.json has every field PGXN requires" "" \
     "$(meta '" ".join(k for k in ["name", "abstract", "version", "maintainer", "license", "provides", "meta-spec"] if k not in m)')"
 check "META.json: meta-spec 1.0.0" 1.0.0 "$(meta 'm["meta-spec"]["version"]')"
 check "META.json: name" idempotency "$(meta 'm["name"]')"
-check "META.json: license is Cargo.toml's (MIT)" "$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | tr A-Z a-z)" "$(meta 'm["license"]')"
+check "META.json: license is Cargo.toml's (MIT)" "$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | tr '[:upper:]' '[:lower:]')" "$(meta 'm["license"]')"
 check "META.json: version is Cargo.toml's" "$version" "$(meta 'm["version"]')"
 check "META.json: provides idempotency at Cargo.toml's version" "$version" "$(meta 'm["provides"]["idempotency"]["version"]')"
 check "META.json: provides' file is the frozen install script of $version" "sql/releases/idempotency--$version.sql" \

@@ -90,7 +90,7 @@ check_match "... and it passes every other check" '^meta: [0-9]+ passed, 1 faile
 # fresh install of NEW (the upgrade suite's comparison, on a unix-socket-only cluster).
 if use_major "${PG_MAJOR:-15}" 2>/dev/null; then
     pgdir=$(dir_of release)/pg
-    if cluster_fresh "$pgdir" "$(port_of parity)" "listen_addresses = ''" >/dev/null; then
+    if cluster_fresh "$pgdir" "$(port_of parity)" >/dev/null; then
         pq() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$pgdir/socket" -p "$(port_of parity)" -U postgres "$@"; }
         pq -d postgres -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded"
         pq -d fresh -1 -f "$release" >/dev/null

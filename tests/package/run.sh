@@ -12,7 +12,7 @@
 #   tests/package/run.sh [DIR] [PORT15] [PORT18]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=$(realpath -m "${1:-$(dir_of package)}")
 PORT15=${2:-$(port_of package 15)}
 PORT18=${3:-$(port_of package 18)}
@@ -48,14 +48,13 @@ echo "built in $((SECONDS - started)) s"
 ls -l "$DEB" "$TARBALL"
 
 # --- lintian -----------------------------------------------------------------------------------
-if ! command -v lintian >/dev/null; then
-    echo "installing lintian"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends lintian >/dev/null
+if command -v lintian >/dev/null; then
+    lint=$(lintian --allow-root "$DEB" 2>&1)
+    echo "$lint"
+    check "lintian: no errors" "" "$(grep '^E:' <<<"$lint")"
+else
+    skip "lintian: no errors" "lintian is missing (scripts/install-deps.sh installs it; a test installs nothing)"
 fi
-lint=$(lintian --allow-root "$DEB" 2>&1)
-echo "$lint"
-check "lintian: no errors" "" "$(grep '^E:' <<<"$lint")"
 
 fields=$(dpkg-deb -f "$DEB" Package Version Architecture Depends)
 check_match "control: package, version, amd64, depends on postgresql-15" \
@@ -95,8 +94,8 @@ sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT PKGLIBDIR
     demo=$(q -d demo -c "CREATE EXTENSION idempotency" -f examples/demo.sql 2>&1)
     check "$label: the demo runs without an error" 0 "$(grep -c 'ERROR' <<<"$demo")"
     check_match "$label: the demo's retry replays the stored response" "replay\|201" "$demo"
-    oldest=$(ls sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V | head -1)
-    for v in $(ls sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V); do
+    oldest=$(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V | head -1)
+    for v in $(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V); do
         [ "$v" = "$version" ] && continue
         local db=from_${v//./_}
         q -d postgres -c "CREATE DATABASE $db"

@@ -26,7 +26,7 @@ if ! extension_installed; then
     finish parity
     exit
 fi
-cluster_fresh "$DIR" "$PORT" "listen_addresses = ''" || { fail "start the cluster"; finish parity; exit; }
+cluster_fresh "$DIR" "$PORT" || { fail "start the cluster"; finish parity; exit; }
 trap 'cluster_stop "$DIR"' EXIT
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$DIR/socket" -p "$PORT" -U postgres "$@"; }
 

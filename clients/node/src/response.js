@@ -43,7 +43,7 @@ export function prepareResponse(res, allowList = DEFAULT_REPLAY_HEADERS) {
     isJson = JSON_TYPE.test(contentType) && isJsonText(body);
     json = isJson ? body : JSON.stringify(body);
   } else if (body !== undefined && body !== null) {
-    contentType ??= headers['Content-Type'] = 'application/json';
+    if (contentType == null) headers['Content-Type'] = 'application/json';
     text = json = JSON.stringify(body);
     isJson = true;
   }

@@ -20,7 +20,8 @@ export const LEASE_MS = 1500;
 // file, taken in turn (at most two servers of a file run at once).
 const FILES = ['client', 'crash', 'http', 'package', 'pgbouncer', 'unit'];
 const fileIndex = Math.max(0, FILES.indexOf(process.argv[1]?.match(/(\w+)\.test\.js$/)?.[1]));
-const firstPort = Number(process.env.DEMO_PORT_BASE ?? 20371) + 5 * fileIndex;
+if (!process.env.DEMO_PORT_BASE) throw new Error("set DEMO_PORT_BASE (test.sh takes it from tests/lib.sh's port table)");
+const firstPort = Number(process.env.DEMO_PORT_BASE) + 5 * fileIndex;
 let taken = 0;
 export const takePort = () => firstPort + (taken++ % 5);
 
@@ -81,7 +82,9 @@ async function startDemoOn(framework, port, databaseUrl, leaseMs, faults) {
     try {
       const r = await request(port, 'GET', '/healthz', { timeout: 2000 });
       if (r.status === 200 && /listening/.test(log)) return server;
-    } catch {}
+    } catch {
+      // not listening yet
+    }
     await sleep(50);
   }
   await server.stop('SIGKILL');

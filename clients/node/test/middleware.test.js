@@ -17,7 +17,7 @@ let port;
 before(async () => {
   const app = express();
   app.use(express.json());
-  app.post('/ignore', idem.express({ ignore: ['note'] }, (req) => ({ status: 201, body: { n: count('ignore') } })));
+  app.post('/ignore', idem.express({ ignore: ['note'] }, () => ({ status: 201, body: { n: count('ignore') } })));
   app.post('/text', idem.express({}, () => ({
     status: 200, headers: { 'Content-Type': 'text/plain; charset=utf-8' }, body: `plain text ✓ ${count('text')}\n`,
   })));

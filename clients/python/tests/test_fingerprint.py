@@ -28,7 +28,8 @@ def random_doc(rng: random.Random, depth: int = 0):
     if kind == 1:
         return rng.randint(-10**20, 10**20) if rng.random() < 0.2 else rng.randint(-1000, 1000)
     if kind == 2:
-        return rng.choice([rng.uniform(-1e6, 1e6), rng.random() * 10 ** rng.randint(-30, 30), float(rng.randint(0, 99))])
+        return rng.choice([rng.uniform(-1e6, 1e6), rng.random() * 10 ** rng.randint(-30, 30),
+                           float(rng.randint(0, 99))])
     if kind == 3:
         return "".join(rng.choice(STRING_PARTS) for _ in range(rng.randint(0, 6)))
     if kind in (4, 5):
@@ -65,7 +66,8 @@ def test_ignored_top_level_fields(conn):
 def test_body_text_forms_agree(conn):
     a = fingerprint_body(b'{"b": 1, "a": 2.0}')
     b = fingerprint_body(b'{"a":2,"b":1}')
-    assert a == b == conn.execute("SELECT idempotency.idem_fingerprint(%s::jsonb)", ('{ "a": 2, "b": 1.0 }',)).fetchone()[0]
+    assert a == b == conn.execute("SELECT idempotency.idem_fingerprint(%s::jsonb)",
+                                  ('{ "a": 2, "b": 1.0 }',)).fetchone()[0]
 
 
 def test_bytes_fingerprint_agrees(conn):

@@ -15,7 +15,8 @@ from pg_idempotency.routes import RouteTable
 
 @pytest.mark.parametrize("raw,key", [
     (b'"abc"', "abc"), (b"abc", "abc"), (b'"a\\"b\\\\c"', 'a"b\\c'), (b"  \"x y\"  ", "x y"),
-    (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"), (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+    (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"),
+    (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
     (b'"' + b"k" * 255 + b'"', "k" * 255),
 ])
 def test_keys_accepted(raw, key):
@@ -36,7 +37,8 @@ def test_keys_refused_with_400(values):
 
 @pytest.mark.parametrize("content_type,body", [
     ("application/json", b'{"b": 1,  "a": [1, 2.50]}'), ("application/problem+json", b'"just a string"'),
-    ("text/plain", b"hello\n"), ("text/plain", b'{"looks": "like json"}'), ("application/octet-stream", bytes(range(256))),
+    ("text/plain", b"hello\n"), ("text/plain", b'{"looks": "like json"}'),
+    ("application/octet-stream", bytes(range(256))),
     ("text/plain", b"nul \x00 inside"), ("application/json", b"not json"), (None, b""),
 ])
 def test_bodies_round_trip(content_type, body):
@@ -51,7 +53,8 @@ def test_bodies_round_trip(content_type, body):
 
 def test_storable_keeps_allow_listed_headers_and_the_mark():
     policy = RoutePolicy()
-    text, stored = storable(policy, [("location", "/x/1"), ("Content-Type", "text/plain"), ("Set-Cookie", "s=1")], b"hi")
+    text, stored = storable(policy, [("location", "/x/1"), ("Content-Type", "text/plain"), ("Set-Cookie", "s=1")],
+                            b"hi")
     assert stored == {"Location": "/x/1", "Content-Type": "text/plain", ENCODING_MARK: "text"}
     answer = stored_answer(201, stored, text)
     assert answer.body == b"hi" and (ENCODING_MARK, "text") not in answer.headers

@@ -20,12 +20,12 @@ lcase() {
         echo 'SELECT pg_catalog.pg_backend_pid() AS __pid0 \gset'
         echo '\o /dev/null'
         printf '%s\n' "$setup"
-        echo '\o'
-        echo '\echo __begin'
+        printf '%s\n' '\o'
+        printf '%s\n' '\echo __begin'
         printf '%s\n' "$probe"
-        echo '\echo __state :SQLSTATE'
+        printf '%s\n' '\echo __state :SQLSTATE'
         echo 'SELECT pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) :__pid0 AS __same \gset'
-        echo '\echo __same :__same'
+        printf '%s\n' '\echo __same :__same'
     } | APP=sec-limits sql postgres $DB)
     value=$(printf '%s\n' "$out" | sed -n '/^__begin$/,/^__state /p' | sed '1d;$d')
     st=$(printf '%s\n' "$out" | sed -n 's/^__state //p')

@@ -179,7 +179,7 @@ check "squatted cron schema: a superuser's schedule_maintenance answers 55000 (p
     "$(state postgres sec_cron "SELECT * FROM idempotency.schedule_maintenance();")"
 check "squatted cron schema: the squatter's cron.schedule never ran" 0 \
     "$(grep -c "EVIL-CALLED squatted cron.schedule" "$MAIN/server.log")"
-if [ $HAVE_CRON = 1 ]; then
+if [ "$HAVE_CRON" = 1 ]; then
     sql postgres postgres -c "CREATE EXTENSION pg_cron"
     install_extension postgres -h "$MAIN/socket" -p "$MAIN_PORT" -U postgres 2>>"$LOG"
     sql postgres postgres -v role=sec_app -f "$HERE/sql/grants.sql"

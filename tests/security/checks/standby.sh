@@ -1,6 +1,6 @@
-# Sourced by run.sh. A primary and a hot standby made with pg_basebackup -R, streaming on
-# 127.0.0.1: lookups and fingerprints work on the standby, every write function answers
-# 25006 with the extension's own message.
+# Sourced by run.sh. A primary and a hot standby made with pg_basebackup -R, streaming over
+# the primary's unix socket: lookups and fingerprints work on the standby, every write
+# function answers 25006 with the extension's own message.
 
 section "standby: a streaming hot standby"
 sqlp() { psql_at "$PRIMARY" "$PRIMARY_PORT" postgres "$@" 2>>"$LOG"; }
@@ -23,7 +23,7 @@ SELECT idempotency.idem_seen('acct', 'm1');
 SQL
     mkdir -p "$STANDBY"
     chown postgres: "$STANDBY" 2>/dev/null
-    if as_postgres timeout 120 pg_basebackup -h 127.0.0.1 -p "$PRIMARY_PORT" -U postgres -D "$STANDBY/data" \
+    if as_postgres timeout 120 pg_basebackup -h "$PRIMARY/socket" -p "$PRIMARY_PORT" -U postgres -D "$STANDBY/data" \
             -R -X stream -c fast >"$SEC_DIR/basebackup.log" 2>&1; then
         as_postgres mkdir -p "$STANDBY/socket"
         {

@@ -39,7 +39,9 @@ static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
 /// Ports from TEST_PORT_BASE (clients/rust/test.sh sets it from tests/lib.sh), one per server.
 pub fn next_port() -> u16 {
-    let base: u16 = std::env::var("TEST_PORT_BASE").ok().and_then(|p| p.parse().ok()).unwrap_or(20332);
+    let base: u16 = std::env::var("TEST_PORT_BASE").ok().and_then(|p| p.parse().ok()).expect(
+        "TEST_PORT_BASE: the demo apps' first port (clients/rust/test.sh sets it from tests/lib.sh's port table)",
+    );
     base + NEXT_PORT.fetch_add(1, Ordering::SeqCst)
 }
 

@@ -184,7 +184,8 @@ def check_reference(c, contract, text):
     for name, render in GENERATED.items():
         have, want = blocks.get(name), render(contract)
         detail = f"no <!-- contract:{name} --> block" if have is None else "\n" + "\n".join(
-            f"  - {a}\n  + {b}" for a, b in zip(have.splitlines() + [""] * 99, want.splitlines()) if a != b)
+            f"  - {a}\n  + {b}"
+            for a, b in zip(have.splitlines() + [""] * 99, want.splitlines(), strict=False) if a != b)
         c.check(f"{REFERENCE}: the {name} table is the one generated from the description "
                 "(scripts/check-contract.py --write)", have == want, detail)
 

@@ -170,6 +170,7 @@ freeze_portable() { # freeze_portable OLD NEW
     # pgtle.sql: its header (up to the opening quote) with the version moved, the release
     # file, the closing quote.
     local pgtle=sql/portable/pgtle.sql
+    # shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion
     {
         sed -n '1,/^\$_pgtle_\$$/p' "$pgtle" | sed -e "s/$o/$new/g"
         cat "$out"
@@ -205,8 +206,9 @@ fi
 [ $# -eq 1 ] || { usage >&2; exit 2; }
 new=$1
 # Semantic versioning (META.json needs it); PostgreSQL refuses "--" in a version name.
-[[ $new =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z]+([.-][0-9A-Za-z]+)*)?$ ]] && [[ $new != *--* ]] ||
+if ! [[ $new =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z]+([.-][0-9A-Za-z]+)*)?$ ]] || [[ $new == *--* ]]; then
     die "'$new' is not a version like 1.2.3 or 1.2.3-rc1"
+fi
 [ "$new" != "$old" ] || die "Cargo.toml is at $new already (scripts/release.sh --freeze freezes it again)"
 [ "$(printf '%s\n%s\n' "$old" "$new" | sort -V | tail -n 1)" = "$new" ] ||
     echo "release.sh: note: $new sorts before $old" >&2

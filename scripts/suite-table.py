@@ -34,7 +34,7 @@ def suites():
         ["bash", str(ROOT / "scripts/test.sh"), "--list"], check=True, capture_output=True, text=True
     ).stdout
     fields = ("name", "where", "tier", "needs", "command", "description")
-    rows = [dict(zip(fields, line.split("\t"))) for line in out.splitlines() if line]
+    rows = [dict(zip(fields, line.split("\t"), strict=False)) for line in out.splitlines() if line]
     for row in rows:
         if len(row) != len(fields):
             raise SystemExit(f"suite-table: a line of scripts/test.sh --list lacks fields: {row}")

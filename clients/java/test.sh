@@ -30,6 +30,7 @@ if [ "$IDEM_EDITION" = native ] && ! extension_installed; then
     (cd "$ROOT" && PATH="$HOME/.cargo/bin:$PATH" cargo pgrx install --release --pg-config "$PGBIN/pg_config")
 fi
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     pgbouncer_stop "$dir"
     cluster_stop "$dir/pg"

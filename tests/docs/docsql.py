@@ -140,7 +140,7 @@ def matches(expected, actual):
     actual = [a for a in actual if not SEPARATOR.match(a.strip())]
     if len(expected) != len(actual):
         return False
-    for e, a in zip(expected, actual):
+    for e, a in zip(expected, actual, strict=True):
         pattern = ".*".join(re.escape(part) for part in normalize(e).split("..."))
         if not re.fullmatch(pattern, normalize(a)):
             return False

@@ -68,7 +68,7 @@ def run_file(path, counts):
     r = psql(["-q"], stdin=script_for(stmts), database=DATABASE)
     results = outputs(r.stdout, len(stmts))
     last_state = "00000"
-    for s, res in zip(stmts, results):
+    for s, res in zip(stmts, results, strict=True):
         name = f"{path}:{s.line} {s.title()}"
         if res is None:
             fail(counts, name, "never ran (psql stopped before it)")

@@ -34,7 +34,7 @@ g init -q && g add -A && g commit -qm "before the release"
 
 out=$(cd "$SCRATCH" && scripts/release.sh --no-build "$NEW" 2>&1)
 status=$?
-echo "$out" | sed 's/^/  release.sh: /'
+while IFS= read -r line; do echo "  release.sh: $line"; done <<<"$out"
 check "scripts/release.sh --no-build $NEW succeeds" 0 "$status"
 o=${OLD//./\\.}
 # A mention of OLD as a version (for 1.2.3: not 1.2.30, nor 11.2.3).
@@ -52,6 +52,7 @@ HISTORY=(':!CHANGELOG.md' ':!BENCHMARKS.md' ':!packaging/debian/changelog' ':!sq
 HISTORY_LINES='^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1|^docs/portable\.md:[0-9]+:.*(The native 0\.4\.1 view|The edits of 0\.4\.1, both unified in 0\.5\.0)'
 check "no file states $OLD where the version moves (history files and lines aside)" "" \
     "$(mentions "${HISTORY[@]}" | grep -Ev "$HISTORY_LINES")"
+# shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion
 check "pgtle.sql's header (before the release file) no longer states $OLD" "" \
     "$(sed -n '1,/^\$_pgtle_\$$/p' "$SCRATCH/sql/portable/pgtle.sql" | grep -nE "(^|[^0-9.])$o(\$|[^0-9.])")"
 
@@ -72,6 +73,7 @@ check "docs/packages.md names the $NEW package files" 3 \
 release=$SCRATCH/sql/portable/idempotency-portable--$NEW.sql
 check "the portable release file of $NEW: its first line and portable_version() say $NEW" "2" \
     "$( (sed -n "1{/ $NEW, PORTABLE EDITION/p}" "$release"; grep -x "AS \\\$\\\$ SELECT '$NEW' \\\$\\\$;" "$release") 2>/dev/null | grep -c .)"
+# shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion
 check "pgtle.sql holds the portable release file of $NEW unchanged" "" \
     "$(diff <(sed -n '/^\$_pgtle_\$$/,/^\$_pgtle_\$$/p' "$SCRATCH/sql/portable/pgtle.sql" | sed '1d;$d') "$release" 2>&1 | head -n 5)"
 check "pgtle.sql registers version $NEW" 1 "$(grep -cx "    '$NEW'," "$SCRATCH/sql/portable/pgtle.sql")"

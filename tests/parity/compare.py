@@ -169,7 +169,8 @@ def contract_function(f):
     return {
         "name": f["name"],
         "kind": f.get("kind", "function"),
-        "args": [same_default({"name": a["name"], "type": norm_type(a["type"]), "default": norm_default(a.get("default"))})
+        "args": [same_default({"name": a["name"], "type": norm_type(a["type"]),
+                               "default": norm_default(a.get("default"))})
                  for a in f.get("args", [])],
         "returns": returns,
         "columns": [(c["name"], norm_type(c["type"])) for c in columns] if columns else None,
@@ -249,7 +250,8 @@ def compare_editions(native, portable, allowed, report):
         report.check(f"parity: every line only the {edition} edition has is on the allow-list "
                      f"({len(lines)} such lines)", unexplained)
     report.check("parity: every allow-list entry is still needed",
-                 [f"allowed.txt line {n}: {e} {rx.pattern} matches nothing" for e, rx, n, _ in allowed if n not in used])
+                 [f"allowed.txt line {n}: {e} {rx.pattern} matches nothing"
+                  for e, rx, n, _ in allowed if n not in used])
 
 
 def compare_with_contract(edition, lines, contract, allowed, report):
@@ -267,7 +269,7 @@ def compare_with_contract(edition, lines, contract, allowed, report):
                 same_name = [f for f in functions if f["name"] == want["name"]]
                 problems.append(f"contract: {json.dumps(want)}")
                 problems += [f"  {edition}: {json.dumps(f)}" for f in same_name] or [f"  {edition}: no such function"]
-        for f, line in zip(functions, [line for line in lines if line.startswith("signature ")]):
+        for f, line in zip(functions, [line for line in lines if line.startswith("signature ")], strict=False):
             if f not in wanted and line not in own:
                 problems.append(f"{edition} has a function the contract does not describe: {line}")
         report.check(f"{edition}: every function as contract/contract.json describes it "
@@ -314,7 +316,8 @@ def self_test():
                             "action text) volatile strict parallel restricted")
     expect("TABLE columns", [("object", "text"), ("action", "text")], table["columns"])
     expect("strict, parallel", (True, "restricted"), (table["strict"], table["parallel"]))
-    proc = parse_signature("signature idem_sweep_all(batch_size integer DEFAULT 200) volatile parallel unsafe procedure")
+    proc = parse_signature(
+        "signature idem_sweep_all(batch_size integer DEFAULT 200) volatile parallel unsafe procedure")
     expect("a procedure has no result", ("procedure", None), (proc["kind"], proc["returns"]))
     expect("the contract's form is the same",
            contract_function({"name": "idem_sweep_all", "kind": "procedure", "returns": None, "volatility": "volatile",
@@ -324,10 +327,12 @@ def self_test():
            [interval_seconds(x) for x in ("'4 ms'", "'5 minutes'", "'1 day 02:00:00'", "'00:00:00.004'", "'soon'")])
     out = io.StringIO()
     report = Report(out)
-    compare_editions({"signature a() returns text volatile parallel unsafe", "signature n() returns text volatile parallel unsafe",
+    compare_editions({"signature a() returns text volatile parallel unsafe",
+                      "signature n() returns text volatile parallel unsafe",
                       "view v SELECT 1 AS x"},
                      {"signature a() returns text volatile parallel unsafe", "view v SELECT NULLIF(1, 0) AS x"},
-                     [("native", re.compile("^signature n\\("), 1, None), ("portable", re.compile("^signature gone"), 2, None),
+                     [("native", re.compile("^signature n\\("), 1, None),
+                      ("portable", re.compile("^signature gone"), 2, None),
                       ("portable", re.compile(r"NULLIF\((1), 0\)"), 3, r"\1")], report)
     expect("an unneeded allow-list entry fails; an explained difference and a rewritten one pass", 1, report.failed)
     expect("... naming the entry", True, "line 2: portable ^signature gone matches nothing" in out.getvalue())

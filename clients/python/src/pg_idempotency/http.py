@@ -174,7 +174,8 @@ def parse_key(values: Sequence[bytes]) -> str:
         value = raw.decode("ascii")
     assert isinstance(value, str)
     if not 1 <= len(value) <= MAX_KEY_CHARS:
-        raise Refused.contract("idempotency-key-invalid", f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
+        raise Refused.contract("idempotency-key-invalid",
+                               f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
     return value
 
 

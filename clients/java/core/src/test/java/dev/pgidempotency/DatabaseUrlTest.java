@@ -8,8 +8,8 @@ import org.junit.jupiter.api.Test;
 class DatabaseUrlTest {
     @Test
     void libpqUrlsBecomePgjdbcUrlsWithoutServerSidePreparedStatements() {
-        assertEquals("jdbc:postgresql://127.0.0.1:5432/postgres?user=postgres&prepareThreshold=0",
-                DatabaseUrl.toJdbc("postgresql://postgres@127.0.0.1:5432/postgres"));
+        assertEquals("jdbc:postgresql://db.example:5432/postgres?user=postgres&prepareThreshold=0",
+                DatabaseUrl.toJdbc("postgresql://postgres@db.example:5432/postgres"));
         assertEquals("jdbc:postgresql://db/app?user=a%40b&password=p%3Aw&sslmode=require&prepareThreshold=0",
                 DatabaseUrl.toJdbc("postgres://a%40b:p%3Aw@db/app?sslmode=require"));
         assertEquals("jdbc:postgresql://h/postgres?prepareThreshold=5", DatabaseUrl.toJdbc("postgresql://h?prepareThreshold=5"));

@@ -4,7 +4,9 @@
 #   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh);
 #   3. `cargo test`: unit tests, the typed client against the real extension (tests/client.rs),
 #      and the demo app (examples/demo.rs) as real processes over real HTTP (tests/http.rs);
-#   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode.
+#   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode;
+#   5. README.md's install commands in a fresh cargo project and its example app, built and sent
+#      one real request twice (201, then the replay; one row).
 # Tests that need what the installed extension lacks say so (SKIP) and are not counted as passed.
 # Environment: RUST_SUITE_PORT (PostgreSQL; pgbouncer on +1), RUST_SUITE_DIR, TEST_PORT_BASE
 # (the demo apps' ports: 8 from there, default: tests/lib.sh's rust-apps), CARGO_TARGET_DIR (default target/clients, shared
@@ -80,6 +82,57 @@ if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then
     fi
 else
     note_failure "pgbouncer did not start (see $DIR/pgbouncer.log)"
+fi
+
+# The README as a new user reads it: its `cargo add` lines (the clone's path for
+# ../idempotency) in a fresh cargo project, its example as src/main.rs, then one real request
+# twice. The suite's Cargo.lock is copied in first so that the same versions are chosen and the
+# shared CARGO_TARGET_DIR has most of them built already.
+readme_app() {
+    local proj="$DIR/readme-app" port=$((TEST_PORT_BASE + 7)) pid status=1 line first again
+    rm -rf "$proj"
+    cargo new --quiet --name readme-app "$proj" || return 1
+    cp "$here/Cargo.lock" "$proj/Cargo.lock"
+    while read -r line; do
+        echo "+ $line"
+        (cd "$proj" && eval "${line//..\/idempotency/$ROOT}") || return 1
+    done < <(awk '/^```sh/ { block++; next } /^```/ { if (block == 1) exit } block == 1 && /^cargo add / { print }' \
+        "$here/README.md")
+    awk '/<!-- README example/ { take = 1; next } take && /^```rust/ { inside = 1; next }
+        inside && /^```/ { exit } inside { print }' "$here/README.md" >"$proj/src/main.rs"
+    (cd "$proj" && cargo build --quiet) || return 1
+    DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres" LISTEN="127.0.0.1:$port" \
+        "$CARGO_TARGET_DIR/debug/readme-app" >"$DIR/readme-app.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    # One POST as the README's curl line sends it; prints "STATUS REPLAYED-HEADER BODY".
+    post() {
+        /usr/bin/python3 -c '
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10)
+c.request("POST", "/orders", body=b"{\"item\": \"tea\"}",
+          headers={"Idempotency-Key": "k-1001", "Content-Type": "application/json"})
+r = c.getresponse()
+print(r.status, r.getheader("Idempotent-Replayed", "-"), r.read().decode())' "$port"
+    }
+    first=$(post)
+    again=$(post)
+    kill "$pid"
+    wait "$pid" 2>/dev/null
+    echo "first: $first"
+    echo "again: $again"
+    if [[ $first == "201 - "* && $again == "201 true "* && ${first#201 - } == "${again#201 true }" ]] &&
+        [ "$(psql -X -At -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c 'SELECT count(*) FROM orders')" = 1 ]; then
+        status=0
+    fi
+    return $status
+}
+echo "== the README: install and its example app, in a fresh cargo project"
+if readme_app; then
+    passed=$((passed + 1))
+    echo "ok   the README's cargo add lines and example app: 201, then the same body replayed, one order row"
+else
+    note_failure "the README's install and example app (see above and $DIR/readme-app.log)"
 fi
 
 skips=$(wc -l 2>/dev/null <"$SKIP_FILE" || echo 0)

@@ -23,12 +23,18 @@ extension, the gateway stub (`charges-api gateway-stub`, charges-api only) and t
   or the replayed 201 (both endpoints);
 - a key reused with another amount: 422 and no new charge;
 - missing or malformed Idempotency-Key: 400 problem+json; missing tenant: 401;
+- the key grammar of contract/contract.json's key_header: sf-strings and bare values of token
+  characters (a bare UUID, k-1001) accepted, a bare value and its quoted form one key; a bare
+  value with a space, comma, quote or semicolon, max_chars + 1 characters, two field lines: 400;
 - every answer the contract describes (400 for a key, 409, 422) is its problem body exactly, as
   contract/contract.json gives it (type, title, status, detail, Retry-After where listed), and
   no answer takes a type in the contract's namespace that the contract does not describe;
 - a slow handler (X-Fault-Delay-Ms): a duplicate gets 409 with Retry-After from the lease;
 - a handler failing before its side effect (X-Fault-Fail-Before): 500, and the key runs as new;
 - the app SIGKILLed mid-handler, restarted, the key retried: it completes once;
+- the database stopped under the running app (pg_ctl stop -m fast): both routes answer the
+  contract's 503 service-unavailable (problem+json, Retry-After), never an HTML page; started
+  again, the key refused meanwhile runs once and the keys answered before replay;
 - the service SIGKILLed while the gateway is working on its charge, restarted, and the key
   retried after the lease ended: the charge completes once and the gateway charged once;
 - a worker that stalls past its lease after the gateway charged: a retry takes over and
@@ -197,6 +203,16 @@ class Harness:
             print(f"(logs kept in {self.dir})", flush=True)
         elif os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop_database(self):
+        """Stops the suite's PostgreSQL (fast shutdown: sessions are cut) under the running app."""
+        self.db.close()
+        self.db = None
+        subprocess.run([CLUSTER, "stop", self.dir], check=True, timeout=120)
+
+    def start_database(self):
+        subprocess.run([CLUSTER, "start", self.dir, str(self.pg_port)], check=True, timeout=120)
+        self.db = psycopg.connect(self.dsn, autocommit=True)
 
     # --- database and stub observations ---
 
@@ -389,6 +405,7 @@ class DropResponseProxy:
 with open(os.path.join(ROOT, "contract", "contract.json")) as _f:
     CONTRACT = json.load(_f)
 PROBLEMS = {p["slug"]: p for p in CONTRACT["problems"]}
+MAX_KEY_CHARS = CONTRACT["key_header"]["max_chars"]
 
 
 def is_contract_problem(r, slug):
@@ -533,13 +550,17 @@ def scenario_bad_requests(h):
         ("missing", None),
         ("empty quoted string", '""'),
         ("empty value", ""),
-        ("256 characters (quoted)", quoted("k" * 256)),
-        ("256 characters (bare)", "k" * 256),
+        (f"{MAX_KEY_CHARS + 1} characters (quoted)", quoted("k" * (MAX_KEY_CHARS + 1))),
+        (f"{MAX_KEY_CHARS + 1} characters (bare)", "k" * (MAX_KEY_CHARS + 1)),
         ("tab inside", '"a\tb"'),
         ("no closing quote", '"abc'),
         ("parameters after the string", '"abc";p=1'),
         ("a bad escape", '"a\\nb"'),
+        # contract/contract.json's key_header: a bare value holds RFC 9110 token characters only
         ("a bare value with a space", "a b"),
+        ("a bare value with a comma", "a,b"),
+        ("a bare value with a quote inside", 'a"b'),
+        ("a bare value with a semicolon", "a;b"),
         ("non-ASCII", '"caf\u00e9"'),
     ]
     for name, key in cases:
@@ -573,10 +594,19 @@ def scenario_bad_requests(h):
           h.charges(tenant) == 0
           and h.sql("SELECT count(*) FROM idempotency.keys WHERE scope LIKE 'acct_bad:%%'")[0][0] == 0)
 
-    # accepted forms: 255 characters; a quoted string and a bare token name the same key
-    long_key = "k" * 255
-    r = post(h.svc_port, "/charges", AMOUNT, quoted(long_key), "acct_good")
-    check("key of 255 characters: 201", r.status == 201 and not r.replayed, repr(r))
+    # accepted forms (contract/contract.json's key_header): the longest key, quoted and bare; a
+    # bare value of token characters (a UUID, k-1001) names the same key as its quoted form
+    for form, key in (("quoted", quoted("q" * MAX_KEY_CHARS)), ("bare", "b" * MAX_KEY_CHARS)):
+        r = post(h.svc_port, "/charges", AMOUNT, key, "acct_good")
+        check(f"key of {MAX_KEY_CHARS} characters ({form}): 201", r.status == 201 and not r.replayed, repr(r))
+    # A UUID starting with a digit: no RFC 8941 bare item (it reads as a number), yet a token.
+    for name, bare in (("a bare UUID", "1" + str(uuid.uuid4())[1:]), ("a bare k-1001", "k-1001")):
+        r1 = post(h.svc_port, "/charges", AMOUNT, bare, "acct_bare")
+        r2 = post(h.svc_port, "/charges", AMOUNT, quoted(bare), "acct_bare")
+        check(f"{name} is accepted: 201", r1.status == 201 and not r1.replayed, repr(r1))
+        check(f"{name} and its quoted form are one key (the second is a replay)",
+              r2.status == 201 and r2.replayed and r2.body == r1.body, repr(r2))
+    check("the bare keys made one charge each", h.charges("acct_bare") == 2, str(h.charges("acct_bare")))
     if h.charges_api:  # the contract asks for sf-strings; charges-api also takes a bare sf-token
         r1 = post(h.svc_port, "/charges", AMOUNT, '"tok-1:a/b"', "acct_good")
         r2 = post(h.svc_port, "/charges", AMOUNT, "tok-1:a/b", "acct_good")
@@ -676,6 +706,50 @@ def scenario_fail_before(h):
               again.status == 201 and not again.replayed, repr(again))
         check(f"{route} failing before the side effect: one charge row", h.charges(tenant) == 1,
               str(h.charges(tenant)))
+
+
+def scenario_database_down(h):
+    """The database stopped under the running app: every route answers the contract's 503 (a
+    problem body, never a framework's HTML page, with Retry-After); once it is back the key
+    refused meanwhile runs once and the keys answered before replay."""
+    tenant = "acct_dbdown"
+    routes = ("/charges", "/charges/external")
+    before = {route: (str(uuid.uuid4()), None) for route in routes}
+    for route, (key, _) in before.items():
+        before[route] = (key, post(h.svc_port, route, AMOUNT, quoted(key), tenant))
+        check(f"database down: {route} before the outage: 201", before[route][1].status == 201,
+              repr(before[route][1]))
+    during = {route: str(uuid.uuid4()) for route in routes}
+    h.stop_database()
+    try:
+        for route in routes:
+            for attempt in ("first", "second"):  # the second finds the pool's connections gone too
+                try:  # an app that waits longer than this on its pool has not answered 503
+                    r = post(h.svc_port, route, AMOUNT, quoted(during[route]), tenant, timeout=15)
+                except (http.client.HTTPException, OSError) as e:
+                    r = f"no answer within 15 s ({type(e).__name__}: {e})"
+                ok = isinstance(r, Resp) and is_contract_problem(r, "service-unavailable")
+                check(f"database down: {route} ({attempt} request) answers 503, the contract's "
+                      "service-unavailable (problem+json, Retry-After)", ok, repr(r))
+    finally:
+        h.start_database()
+    for route in routes:
+        key = during[route]
+        deadline = time.time() + 20
+        r = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+        while r.status in (409, 503) and time.time() < deadline:  # the app's pool reconnecting
+            time.sleep(0.5)
+            r = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+        check(f"database back: {route} the key refused during the outage runs: 201, not a replay",
+              r.status == 201 and not r.replayed, repr(r))
+        again = post(h.svc_port, route, AMOUNT, quoted(key), tenant)
+        check(f"database back: {route} then it replays the same body",
+              again.replayed and again.body == r.body, repr(again))
+        old_key, old = before[route]
+        replay = post(h.svc_port, route, AMOUNT, quoted(old_key), tenant)
+        check(f"database back: {route} the key answered before the outage replays its body",
+              replay.status == 201 and replay.replayed and replay.body == old.body, repr(replay))
+    check("database down: one charge per key (4)", h.charges(tenant) == 4, str(h.charges(tenant)))
 
 
 def scenario_kill_mid_handler(h):
@@ -846,6 +920,7 @@ def main():
         ("slow handler: 409 with Retry-After", lambda: scenario_slow_handler(h)),
         ("failing before the side effect", lambda: scenario_fail_before(h)),
         ("SIGKILL mid-handler", lambda: scenario_kill_mid_handler(h)),
+        ("the database down and back", lambda: scenario_database_down(h)),
     ]
     if h.charges_api:
         scenarios += [

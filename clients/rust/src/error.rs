@@ -77,6 +77,18 @@ impl Error {
             _ => false,
         }
     }
+
+    /// The database could not be reached: refused, reset, closed, no pool connection in time,
+    /// or the server shutting down, starting or out of connections (SQLSTATE class 08, 57P01,
+    /// 57P02, 57P03, 53300). The layer answers 503 with Retry-After.
+    pub fn unavailable(&self) -> bool {
+        self.connection_lost() || self.sqlstate().is_some_and(unavailable_sqlstate)
+    }
+}
+
+/// SQLSTATEs of a server that cannot take the request now (the same list in every package).
+pub(crate) fn unavailable_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
 }
 
 type Variant = fn(tokio_postgres::Error) -> Error;
@@ -137,6 +149,21 @@ impl std::error::Error for Error {
         match self {
             Error::Pool(e) => Some(e),
             _ => self.db_error().map(|e| e as &(dyn std::error::Error + 'static)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unavailable_sqlstate;
+
+    #[test]
+    fn unavailable_sqlstates() {
+        for code in ["08000", "08006", "08001", "57P01", "57P02", "57P03", "53300"] {
+            assert!(unavailable_sqlstate(code), "{code}");
+        }
+        for code in ["40001", "55P03", "IK002", "22023", "53200", "57014"] {
+            assert!(!unavailable_sqlstate(code), "{code}");
         }
     }
 }

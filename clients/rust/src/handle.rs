@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::client::{self, Outcome};
 use crate::error::Error;
-use crate::response::{in_progress, INTERNAL_ERROR, SUPERSEDED};
+use crate::response::{in_progress, INTERNAL_ERROR, SERVICE_UNAVAILABLE, SUPERSEDED};
 
 /// The recovery point sent by lease renewals before the handler's first checkpoint
 /// (`idem_checkpoint` requires one); read back as "no checkpoint".
@@ -171,7 +171,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Idem {
 }
 
 /// A handler may return `Result<_, Error>`: a lost claim (IK001/IK002) answers 409 and keeps
-/// the claim for its new owner; 40001 / 55P03 answer 409 (retry); anything else 500.
+/// the claim for its new owner; 40001 / 55P03 answer 409 (retry); the database unreachable
+/// answers 503 with Retry-After (the claim kept); anything else 500.
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         if self.lost_claim() {
@@ -180,6 +181,12 @@ impl IntoResponse for Error {
         }
         if self.retryable() {
             return Disposition::Release.mark(in_progress(1));
+        }
+        if self.unavailable() {
+            // The handler's transaction is gone with its connection; a side effect it made before
+            // is resumed by a retry that takes the claim over (committed first).
+            log::warn!("pg-idempotency: the database is unavailable: {self}");
+            return Disposition::Keep.mark(SERVICE_UNAVAILABLE.response(1));
         }
         log::error!("pg-idempotency: {self}");
         INTERNAL_ERROR.response(1)

@@ -30,7 +30,7 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// Same-transaction mode, scope `METHOD /template`, replayed headers Location and
-    /// Content-Type, lease 30 s (committed first), 5xx released, bodies up to 1 MiB.
+    /// Content-Type, lease 30 s (committed first), 5xx and refusals released, bodies up to 1 MiB.
     pub fn new(pool: Pool) -> Self {
         IdempotencyLayer { settings: Settings::new(pool) }
     }
@@ -73,6 +73,12 @@ impl IdempotencyLayer {
     }
     pub fn on_server_error(mut self, what: OnServerError) -> Self {
         self.settings.on_server_error = what;
+        self
+    }
+    /// Handler answers given back instead of stored (default [`REFUSED_STATUSES`](crate::REFUSED_STATUSES)):
+    /// validation errors, including the rejections of axum's extractors, leave the key free.
+    pub fn refused_statuses(mut self, statuses: &[u16]) -> Self {
+        self.settings.refused_statuses = statuses.to_vec();
         self
     }
     /// The scope of a request (default [`route_of`](crate::route_of)); an `Err` response is sent as it is.

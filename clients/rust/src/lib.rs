@@ -25,4 +25,4 @@ pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};
 pub use error::Error;
 pub use handle::{Db, Disposition, Idem};
 pub use layer::{IdempotencyLayer, Idempotent};
-pub use settings::{route_of, Mode, OnServerError, ScopeFn};
+pub use settings::{route_of, Mode, OnServerError, ScopeFn, REFUSED_STATUSES};

@@ -19,11 +19,24 @@ use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
 use crate::error::Error;
 use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
 use crate::response::{
-    body_bytes, from_stored, in_progress, to_stored, EXPIRED, INTERNAL_ERROR, REUSED, SUPERSEDED,
+    body_bytes, from_stored, in_progress, to_stored, EXPIRED, INTERNAL_ERROR, REUSED, SERVICE_UNAVAILABLE,
+    SUPERSEDED,
 };
 use crate::settings::{Mode, OnServerError, Settings};
 
+/// The answer to an error met before the handler ran (nothing was done): 503 when the
+/// database is unreachable, 409 when a retry may succeed, else 500.
 pub(crate) fn error_response(what: &str, e: &Error) -> Response {
+    if e.unavailable() {
+        log::warn!("pg-idempotency: {what}: the database is unavailable: {e}");
+        return SERVICE_UNAVAILABLE.response(1);
+    }
+    error_after_work(what, e)
+}
+
+/// The answer to an error met after the handler ran: never 503, whose "nothing was done" may
+/// be untrue there (a COMMIT whose reply was lost).
+fn error_after_work(what: &str, e: &Error) -> Response {
     if e.retryable() {
         return in_progress(1);
     }
@@ -102,6 +115,9 @@ impl Claiming<'_> {
     fn disposition(&self, r: &Response) -> Disposition {
         if let Some(d) = r.extensions().get::<Disposition>() {
             return *d;
+        }
+        if self.cfg.refused_statuses.contains(&r.status().as_u16()) {
+            return Disposition::Release;
         }
         match (r.status().is_server_error(), self.cfg.on_server_error) {
             (false, _) | (true, OnServerError::Store) => Disposition::Store,
@@ -195,7 +211,7 @@ where
         Disposition::Store => match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
             Ok(answer) => match tx.end(true).await {
                 Ok(()) => answer,
-                Err(e) => error_response("COMMIT", &e),
+                Err(e) => error_after_work("COMMIT", &e),
             },
             Err(answer) => {
                 let _ = tx.end(false).await;
@@ -252,7 +268,7 @@ async fn store(
             );
             Err(SUPERSEDED.response(1))
         }
-        Err(e) => Err(error_response("idem_complete", &e)),
+        Err(e) => Err(error_after_work("idem_complete", &e)),
     }
 }
 
@@ -305,13 +321,13 @@ where
                 Some(tx) => store(&r, &shared, tx.0.as_ref().expect("open"), response).await,
                 None => match r.cfg.pool.get().await {
                     Ok(conn) => store(&r, &shared, &conn, response).await,
-                    Err(e) => Err(error_response("pool", &Error::from(e))),
+                    Err(e) => Err(error_after_work("pool", &Error::from(e))),
                 },
             };
             match (answer, tx) {
                 (Ok(answer), Some(tx)) => match tx.end(true).await {
                     Ok(()) => answer,
-                    Err(e) => error_response("COMMIT", &e),
+                    Err(e) => error_after_work("COMMIT", &e),
                 },
                 (Ok(answer), None) => answer,
                 (Err(answer), tx) => {

@@ -32,6 +32,11 @@ pub enum OnServerError {
     Store,
 }
 
+/// Handler answers that mean "refused before any work" (the other packages' list, plus 422,
+/// which axum's `Json` extractor answers for a body of the wrong shape): never stored, the claim
+/// is given back, so the client can fix the request and retry with the same key.
+pub const REFUSED_STATUSES: [u16; 13] = [400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429];
+
 /// Computes the scope of a request, or answers it at once (for example 401 without a tenant).
 pub type ScopeFn = Arc<dyn Fn(&Parts) -> Result<String, Response> + Send + Sync>;
 
@@ -57,6 +62,7 @@ pub(crate) struct Settings {
     pub(crate) ignore: Vec<String>,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) on_server_error: OnServerError,
+    pub(crate) refused_statuses: Vec<u16>,
     pub(crate) scope: ScopeFn,
     pub(crate) max_body: usize,
     /// What the installed extension offers, read once on first use.
@@ -76,6 +82,7 @@ impl Settings {
             ignore: Vec::new(),
             replay_headers: vec![header::LOCATION, header::CONTENT_TYPE],
             on_server_error: OnServerError::Release,
+            refused_statuses: REFUSED_STATUSES.to_vec(),
             scope: Arc::new(|parts| Ok(route_of(parts))),
             max_body: 1 << 20,
             features: Arc::new(OnceCell::new()),

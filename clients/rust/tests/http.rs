@@ -11,14 +11,14 @@ const ROUTES: [&str; 2] = ["/charges", "/charges/external"];
 const BODY: &str = r#"{"amount": 500, "currency": "eur"}"#;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn missing_malformed_and_duplicated_keys_are_400_before_any_claim() {
+async fn bad_keys_are_400_before_any_claim_and_bare_uuids_are_keys() {
     let server = Server::start(2000).await;
     let db = db().await;
     let tenant = unique("acct_badkey");
     for route in ROUTES {
         let r = post(server.port, route, &tenant, None, BODY, &[]).await;
         assert!(r.is_problem(400), "missing key on {route}: {r:?}");
-        for bad in ["\"abc", "a b", "\"a\";p=1", "\"\"", "42", &format!("\"{}\"", "k".repeat(256))] {
+        for bad in ["\"abc", "a b", "a,b", "a\"b", "\"a\";p=1", "\"\"", &format!("\"{}\"", "k".repeat(256))] {
             let r = request(
                 server.port,
                 "POST",
@@ -41,6 +41,27 @@ async fn missing_malformed_and_duplicated_keys_are_400_before_any_claim() {
     }
     assert_eq!(records(&db, &tenant).await, 0, "nothing was claimed");
     assert_eq!(charges(&db, &tenant).await, 0);
+    bare_keys(&server).await;
+}
+
+/// A bare UUID is a key, the same key as its quoted form (on the test above's demo app: a server
+/// of its own would take a ninth port of the suite's eight, tests/lib.sh's rust-apps).
+async fn bare_keys(server: &Server) {
+    let tenant = unique("acct_bare");
+    let bare = format!("1{}", &uuid::Uuid::new_v4().to_string()[1..]); // no RFC 8941 bare item
+    for route in ROUTES {
+        let send = |key: String| {
+            let tenant = tenant.clone();
+            async move {
+                let headers = [("X-Api-Key", tenant.as_str()), ("Idempotency-Key", key.as_str())];
+                request(server.port, "POST", route, &headers, BODY.as_bytes()).await.unwrap()
+            }
+        };
+        let first = send(bare.clone()).await;
+        assert_eq!((first.status, first.replayed()), (201, false), "bare {bare} on {route}: {first:?}");
+        let quoted = send(format!("\"{bare}\"")).await;
+        assert!(quoted.replayed() && quoted.body == first.body, "quoted {bare} on {route}: {quoted:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,5 +1,6 @@
 //! The layer's settings, on a small axum app served in-process over real HTTP against the real
-//! extension: ignored fields, the replayed-header allow-list, text bodies, stored 5xx.
+//! extension: ignored fields, the replayed-header allow-list, text bodies, stored 5xx, axum's
+//! extractor rejections leaving the key free, and 503 when the database cannot be reached.
 
 mod common;
 
@@ -128,4 +129,79 @@ async fn a_late_completion_after_a_takeover_is_fenced_and_not_a_success() {
     assert!(late.is_problem(409), "the late completion is not reported as success: {late:?}");
     let again = post(port, "/fenced", &tenant, Some(&key), "{}", &[]).await;
     assert!(again.replayed() && again.body == takeover.body, "{again:?}");
+}
+
+#[derive(serde::Deserialize)]
+struct Order {
+    item: String,
+    quantity: u32,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_axum_json_rejects_leaves_the_key_free_in_both_modes() {
+    async fn handler(_: Idem, axum::Json(order): axum::Json<Order>) -> Response {
+        let body = format!("{{\"item\": \"{}\", \"quantity\": {}}}", order.item, order.quantity);
+        (StatusCode::CREATED, [("content-type", "application/json")], body).into_response()
+    }
+    let layer = IdempotencyLayer::new(pool());
+    let app =
+        Router::new().route("/same", routing::post(handler).layer(layer.clone().same_transaction())).route(
+            "/first",
+            routing::post(handler).layer(layer.committed_first(std::time::Duration::from_secs(5))),
+        );
+    let port = serve(app).await;
+    let db = db().await;
+    for path in ["/same", "/first"] {
+        let tenant = unique("acct_reject");
+        let key = unique("k");
+        let missing = post(port, path, &tenant, Some(&key), r#"{"item": "tea"}"#, &[]).await;
+        assert_eq!(missing.status, 422, "axum's Json rejection of a body missing a field: {missing:?}");
+        let broken = post(port, path, &tenant, Some(&key), r#"{"item": "#, &[]).await;
+        assert_eq!(broken.status, 400, "axum's Json rejection of a body that does not parse: {broken:?}");
+        assert_eq!(records(&db, &tenant).await, 0, "{path}: no record is left for the refused bodies");
+        let good = post(port, path, &tenant, Some(&key), r#"{"item": "tea", "quantity": 2}"#, &[]).await;
+        assert_eq!((good.status, good.replayed()), (201, false), "{path}: the corrected body runs: {good:?}");
+        let again = post(port, path, &tenant, Some(&key), r#"{"item": "tea", "quantity": 2}"#, &[]).await;
+        assert!(again.replayed() && again.body == good.body, "{path}: then it replays: {again:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_database_is_a_503_with_retry_after_in_both_modes() {
+    // A port nobody listens on: every connection is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port_nobody_listens = closed.local_addr().unwrap().port();
+    drop(closed);
+    let pg: tokio_postgres::Config =
+        format!("postgresql://postgres@127.0.0.1:{port_nobody_listens}/postgres").parse().unwrap();
+    let manager = Manager::from_config(
+        pg,
+        tokio_postgres::NoTls,
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
+    let down = Pool::builder(manager).max_size(2).build().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let handler = move |_: Idem| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED.into_response()
+        }
+    };
+    let layer = IdempotencyLayer::new(down);
+    let app = Router::new()
+        .route("/same", routing::post(handler.clone()).layer(layer.clone().same_transaction()))
+        .route(
+            "/first",
+            routing::post(handler).layer(layer.committed_first(std::time::Duration::from_secs(5))),
+        );
+    let port = serve(app).await;
+    for path in ["/same", "/first", "/same"] {
+        let r = post(port, path, "acct_down", Some(&unique("k")), "{}", &[]).await;
+        let retry_after: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+        assert!(r.is_problem(503) && retry_after >= 1, "{path}: {r:?}");
+        assert_eq!(r.json()["type"], "urn:pg-idempotency:problem:service-unavailable");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
 }

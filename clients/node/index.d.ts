@@ -108,6 +108,8 @@ export declare class PermissionDeniedError extends IdempotencyError {}
 export declare class UnsupportedFeatureError extends IdempotencyError {}
 /** The typed error for a node-postgres error, or the error itself. */
 export declare function mapError(e: unknown): unknown;
+/** Whether a node-postgres / pg-pool error means the database is unavailable (refused, reset, pool timeout, shutting down). */
+export declare function isUnavailable(e: unknown): boolean;
 /** SQLSTATE -> the error class `mapError` makes for it. */
 export declare const BY_SQLSTATE: Readonly<Record<string, new (message: string, o?: { code?: string | null; cause?: unknown }) => IdempotencyError>>;
 
@@ -126,6 +128,9 @@ export declare class HttpProblem extends Error {
   headers: Record<string, string>;
   toResponse(): HandlerResponse & { body: string };
 }
+
+/** The contract's problem answer `slug` (e.g. 'service-unavailable'), with Retry-After where it has one. */
+export declare function contractProblem(slug: string, retryAfterSeconds?: number): HttpProblem;
 
 export declare const Mode: {
   readonly SAME_TRANSACTION: 'same-transaction';

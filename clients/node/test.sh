@@ -45,6 +45,7 @@ status=0
 DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
 PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
 PACK_FILE="$pack_file" \
+PG_DATA_DIR="$dir/pg/data" PG_BIN="$PGBIN" \
     node --test --test-concurrency=1 \
         --test-reporter=spec --test-reporter-destination=stdout \
         --test-reporter=tap --test-reporter-destination="$dir/results.tap" \

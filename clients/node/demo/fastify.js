@@ -3,7 +3,7 @@
 //   node demo/fastify.js --database-url postgresql://... --listen 127.0.0.1:8080
 import Fastify from 'fastify';
 import { createIdempotency } from '../src/index.js';
-import { openPool, options, problemResponse, routes } from './charges.js';
+import { errorResponse, openPool, options, problemResponse, routes } from './charges.js';
 
 const opts = options();
 const pool = await openPool(opts.databaseUrl);
@@ -28,11 +28,7 @@ app.post('/charges', idem.fastify(r.sameTransaction.options, r.sameTransaction.h
 app.post('/charges/external', idem.fastify(r.committedFirst.options, r.committedFirst.handler));
 app.get('/charges/:id', async (req, reply) => send(reply, await r.getCharge(req, req.params.id)));
 app.setNotFoundHandler((req, reply) => send(reply, problemResponse(404, 'No such route.')));
-app.setErrorHandler((err, req, reply) => {
-  const status = err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
-  if (status === 500) console.error('demo:', err);
-  send(reply, problemResponse(status, status === 500 ? 'The request failed.' : err.message));
-});
+app.setErrorHandler((err, req, reply) => send(reply, errorResponse(err)));
 
 function send(reply, { status, headers, body }) {
   return reply.code(status).headers(headers).send(Buffer.from(body));

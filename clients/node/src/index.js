@@ -1,5 +1,6 @@
 export { IdempotencyClient, Outcome, intervalText } from './client.js';
 export * from './errors.js';
+export { contractProblem } from './problem.js';
 export { fingerprint } from './fingerprint.js';
 export { parseIdempotencyKey, fieldLines, MAX_KEY_LENGTH } from './key.js';
 export { HttpProblem } from './problem.js';

@@ -2,7 +2,7 @@
 // claim, running the handler in one of the two modes, storing or releasing, and the answers.
 import { randomUUID } from 'node:crypto';
 import { IdempotencyClient, Outcome } from './client.js';
-import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError } from './errors.js';
+import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError, isUnavailable } from './errors.js';
 import { fingerprint } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
 import { HttpProblem, problems } from './problem.js';
@@ -70,6 +70,10 @@ export class Idempotency {
     } catch (e) {
       if (e instanceof HttpProblem) return answer(e);
       if (e instanceof LockTimeoutError || e instanceof SerializationError) return answer(problems.inProgress(1));
+      if (isUnavailable(e) && !(e instanceof OutcomeUnknown)) {
+        o.logger.warn(`pg-idempotency: ${input.method} ${input.route}: the database is unavailable (${e.message}): 503, nothing was done`);
+        return answer(problems.unavailable());
+      }
       o.logger.error(`pg-idempotency: ${input.method} ${input.route}:`, e);
       return answer(problems.internal());
     }
@@ -89,6 +93,11 @@ export class Idempotency {
 
   async #sameTransaction(o, handler, req, claim) {
     const db = await this.pool.connect();
+    // A checked-out connection the server drops would otherwise emit an unhandled 'error' (the
+    // process dies); the query in flight fails anyway, and the pool is told to discard it.
+    let broken;
+    const onError = (e) => void (broken = e);
+    db.on('error', onError);
     let open = false;
     try {
       await db.query('BEGIN');
@@ -102,18 +111,22 @@ export class Idempotency {
       const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
       const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
       if (!claim || (res.status >= 500 && !o.storeServerErrors)) {
-        await db.query(res.status >= 500 ? 'ROLLBACK' : 'COMMIT');
         open = false;
+        await commit(db, res.status >= 500 ? 'ROLLBACK' : 'COMMIT');
         return send(res, res.text);
       }
       const stored = await idem.complete(claim.scope, claim.key, c.token, res.status,
         { bodyJson: res.json, headers: res.stored });
-      await db.query('COMMIT');
       open = false;
+      await commit(db, 'COMMIT');
       return send(res, res.isJson ? stored ?? '' : res.text);
+    } catch (e) {
+      if (isUnavailable(e)) broken ??= e;
+      throw e;
     } finally {
-      if (open) await db.query('ROLLBACK').catch(() => {});
-      db.release();
+      if (open && !broken) await db.query('ROLLBACK').catch((e) => void (broken = e));
+      db.removeListener('error', onError);
+      db.release(broken);
     }
   }
 
@@ -140,8 +153,11 @@ export class Idempotency {
       await lease.stop();
       if (isFenced(e)) return this.#fenced(o, scope, key, e);
       if (!lease.sideEffects) {
-        await this.client.release(scope, key, c.token);
-        if (e instanceof HttpProblem) return answer(e);
+        await this.client.release(scope, key, c.token).catch((r) => {
+          if (!isUnavailable(r)) throw r;
+          o.logger.warn(`pg-idempotency: ${scope} ${key}: the key could not be released (${r.message}); it is free again when its lease ends`);
+        });
+        if (e instanceof HttpProblem || isUnavailable(e)) throw e;
         o.logger.error(`pg-idempotency: ${scope} ${key}: the handler failed before its side effects (key released):`, e);
         return answer(problems.internal());
       }
@@ -158,7 +174,7 @@ export class Idempotency {
       return send(res, res.isJson ? stored ?? '' : res.text);
     } catch (e) {
       if (isFenced(e)) return this.#fenced(o, scope, key, e);
-      throw e;
+      throw new OutcomeUnknown('the handler ran but its response could not be stored', e);
     }
   }
 
@@ -178,6 +194,25 @@ export class Idempotency {
   #fenced(o, scope, key, e) {
     o.logger.warn(`pg-idempotency: ${scope} ${key}: late completion fenced (${e.code}): another attempt owns the key; not reporting success`);
     return answer(problems.superseded());
+  }
+}
+
+/**
+ * An error after work may have been done (a lost reply to COMMIT, a response not stored after a
+ * side effect): answered 500, never 503 ("nothing was done" may be untrue).
+ */
+class OutcomeUnknown extends Error {
+  constructor(message, cause) {
+    super(`${message}: ${cause?.message}`, { cause });
+    this.name = 'OutcomeUnknown';
+  }
+}
+
+async function commit(db, statement) {
+  try {
+    await db.query(statement);
+  } catch (e) {
+    throw statement === 'COMMIT' ? new OutcomeUnknown('COMMIT failed; the transaction may or may not have committed', e) : e;
   }
 }
 

@@ -66,5 +66,6 @@ export const problems = {
   superseded: () => contractProblem('idempotency-key-superseded'),
   mismatch: () => contractProblem('idempotency-key-reused'),
   expired: () => contractProblem('idempotency-key-expired'),
+  unavailable: () => contractProblem('service-unavailable'),
   internal: () => contractProblem('internal-error'),
 };

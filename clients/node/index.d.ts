@@ -119,7 +119,19 @@ export declare function parseIdempotencyKey(values: string[]): { key: string } |
 export declare function fieldLines(rawHeaders: string[], name?: string): string[];
 export declare function intervalText(v: IntervalInput | null | undefined): string | null;
 
-export declare class HttpProblem extends Error {
+export interface RefusedArguments {
+  status: number;
+  /** Default: the status's reason phrase. */
+  title?: string;
+  detail?: string;
+  /** Default: about:blank. */
+  type?: string;
+  headers?: Record<string, string>;
+}
+/** A refusal, thrown to answer with a problem (RFC 9457); never stored. The same argument names as the Python package's Refused. */
+export declare class Refused extends Error {
+  constructor(args: RefusedArguments);
+  /** The older positional form. */
   constructor(status: number, title: string, options?: { detail?: string; type?: string; headers?: Record<string, string> });
   status: number;
   title: string;
@@ -130,7 +142,11 @@ export declare class HttpProblem extends Error {
 }
 
 /** The contract's problem answer `slug` (e.g. 'service-unavailable'), with Retry-After where it has one. */
-export declare function contractProblem(slug: string, retryAfterSeconds?: number): HttpProblem;
+export declare function contractProblem(slug: string, retryAfterSeconds?: number): Refused;
+
+/** The name this package first gave Refused (the same class). */
+export declare const HttpProblem: typeof Refused;
+export type HttpProblem = Refused;
 
 export declare const Mode: {
   readonly SAME_TRANSACTION: 'same-transaction';

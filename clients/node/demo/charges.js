@@ -3,7 +3,7 @@
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
-import { HttpProblem, Mode, contractProblem, isUnavailable } from '../src/index.js';
+import { HttpProblem, Mode, Refused, contractProblem, isUnavailable } from '../src/index.js';
 
 const USAGE = `usage: node demo/<express|fastify>.js --database-url URL --listen HOST:PORT
        [--lease-ms N (default 10000)] [--allow-fault-injection]
@@ -78,8 +78,8 @@ export async function openPool(databaseUrl) {
 export function tenant(req) {
   const value = req.headers['x-api-key'];
   if (typeof value !== 'string' || value === '') {
-    throw new HttpProblem(401, 'Unauthorized', {
-      detail: 'Give your API key in the X-Api-Key header.',
+    throw new Refused({
+      status: 401, title: 'Unauthorized', detail: 'Give your API key in the X-Api-Key header.',
       headers: { 'WWW-Authenticate': 'ApiKey realm="charges"' },
     });
   }
@@ -91,8 +91,8 @@ function chargeRequest(body) {
     Object.keys(body).length === 2 && Number.isSafeInteger(body.amount) && body.amount > 0 &&
     typeof body.currency === 'string' && body.currency !== '';
   if (!ok) {
-    throw new HttpProblem(400, 'Invalid request', {
-      detail: 'The body must be {"amount": <integer > 0>, "currency": <string>}.',
+    throw new Refused({
+      status: 400, title: 'Invalid request', detail: 'The body must be {"amount": <integer > 0>, "currency": <string>}.',
     });
   }
   return body;

@@ -3,7 +3,7 @@ export * from './errors.js';
 export { contractProblem } from './problem.js';
 export { fingerprint } from './fingerprint.js';
 export { parseIdempotencyKey, fieldLines, MAX_KEY_LENGTH } from './key.js';
-export { HttpProblem } from './problem.js';
+export { HttpProblem, Refused } from './problem.js';
 export { Idempotency, Mode, answerWithoutWork } from './middleware.js';
 import { Idempotency } from './middleware.js';
 import { expressRoute } from './express.js';

@@ -4,7 +4,7 @@ import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
 import {
-  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, createIdempotency, fingerprint,
+  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, Refused, createIdempotency, fingerprint,
   type ClaimResult,
 } from 'pg-idempotency';
 
@@ -32,7 +32,8 @@ const idem = createIdempotency({
   pool,
   tenant: (req: any) => {
     const t = req.headers['x-api-key'];
-    if (typeof t !== 'string') throw new HttpProblem(401, 'Unauthorized');
+    if (typeof t !== 'string') throw new Refused({ status: 401, detail: 'Give your API key.', headers: { 'WWW-Authenticate': 'ApiKey' } });
+    if (t === '') throw new HttpProblem(401, 'Unauthorized');
     return t;
   },
 });

@@ -192,7 +192,7 @@ export type Handler<Req> = (req: Req, ctx: any) => Promise<HandlerResponse> | Ha
 
 export interface RouteOptions<Req = any> {
   mode?: Mode;
-  /** Default: none. May throw an HttpProblem (e.g. 401) before the key is looked at. */
+  /** Default: none. May throw a Refused (e.g. 401) before the key is looked at. */
   tenant?: (req: Req) => string | undefined | Promise<string | undefined>;
   /** Default: `${tenant}:${method} ${route}` (or `${method} ${route}` without a tenant). */
   scope?: (p: { tenant: string | undefined; method: string; route: string; req: Req }) => string | Promise<string>;
@@ -208,6 +208,8 @@ export interface RouteOptions<Req = any> {
   replayHeaders?: string[];
   /** Default false: a 5xx answer releases the key (unless side effects started). */
   storeServerErrors?: boolean;
+  /** Default REFUSED_STATUSES: answers with these statuses release the key, never stored. */
+  refusedStatuses?: readonly number[];
   logger?: { warn(...a: unknown[]): void; error(...a: unknown[]): void };
 }
 
@@ -254,4 +256,37 @@ export interface IdempotencyApp extends Idempotency {
     handler: (req: import('fastify').FastifyRequest, ctx: HandlerContext) => Promise<HandlerResponse> | HandlerResponse): FastifyHandler;
 }
 
+export interface NativeOptions<Req> extends RouteOptions<Req> {
+  /** Default DEFAULT_METHODS (POST, PATCH): the requests that need a key; others pass through. */
+  methods?: readonly string[];
+}
+export interface FastifyRouteConfig {
+  /** A route's own options for the plugin, or false to leave it out. */
+  idempotency?: RouteOptions<import('fastify').FastifyRequest> | false;
+}
+
+export interface IdempotencyApp {
+  /** Express middleware (app.use or per route) before ordinary handlers; they find the context in req.idempotency. */
+  middleware(options?: NativeOptions<import('express').Request>): import('express').RequestHandler;
+  /** Fastify's plugin: app.register(idem.fastifyPlugin, options); handlers find the context in request.idempotency. */
+  fastifyPlugin: import('fastify').FastifyPluginAsync<NativeOptions<import('fastify').FastifyRequest>>;
+}
+
 export declare function createIdempotency(options: IdempotencyOptions): IdempotencyApp;
+export declare const REFUSED_STATUSES: readonly number[];
+export declare const DEFAULT_METHODS: readonly string[];
+/** An Express error handler: a Refused as its problem+json, the database unavailable as 503; anything else goes on. */
+export declare function expressProblemHandler(): import('express').ErrorRequestHandler;
+
+declare module 'express-serve-static-core' {
+  interface Request {
+    /** Set by idem.middleware() on the requests it protects. */
+    idempotency?: HandlerContext;
+  }
+}
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Set by idem.fastifyPlugin on the requests it protects (null elsewhere). */
+    idempotency: HandlerContext | null;
+  }
+}

@@ -13,6 +13,12 @@ export const Mode = Object.freeze({
   COMMITTED_FIRST: 'committed-first',
 });
 
+/**
+ * Answers that refuse the request rather than carry it out (the Python and Java packages' list):
+ * released, not stored, so a request refused by validation leaves its key free.
+ */
+export const REFUSED_STATUSES = Object.freeze([400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429]);
+
 const DEFAULTS = {
   mode: Mode.SAME_TRANSACTION,
   tenant: () => undefined,
@@ -24,6 +30,7 @@ const DEFAULTS = {
   wait: undefined,
   replayHeaders: DEFAULT_REPLAY_HEADERS,
   storeServerErrors: false,
+  refusedStatuses: REFUSED_STATUSES,
   logger: console,
 };
 
@@ -50,7 +57,7 @@ export function answerWithoutWork(c) {
 export class Idempotency {
   /**
    * @param {object} options { pool (pg.Pool), and defaults for every route: mode, tenant, scope,
-   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, logger }
+   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, refusedStatuses, logger }
    */
   constructor({ pool, ...defaults }) {
     if (!pool) throw new TypeError('createIdempotency: `pool` (a pg.Pool) is required');
@@ -110,9 +117,9 @@ export class Idempotency {
       }
       const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
       const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
-      if (!claim || (res.status >= 500 && !o.storeServerErrors)) {
+      if (!claim || notStored(res, o)) {
         open = false;
-        await commit(db, res.status >= 500 ? 'ROLLBACK' : 'COMMIT');
+        await commit(db, notStored(res, o) ? 'ROLLBACK' : 'COMMIT');
         return send(res, res.text);
       }
       const stored = await idem.complete(claim.scope, claim.key, c.token, res.status,
@@ -165,7 +172,7 @@ export class Idempotency {
       res = prepareResponse(e instanceof HttpProblem ? e.toResponse() : problems.internal().toResponse(), o.replayHeaders);
     }
     await lease.stop();
-    if (res.status >= 500 && !o.storeServerErrors && !lease.sideEffects) {
+    if (notStored(res, o) && !lease.sideEffects) {
       await this.client.release(scope, key, c.token);
       return send(res, res.text);
     }
@@ -214,6 +221,11 @@ async function commit(db, statement) {
   } catch (e) {
     throw statement === 'COMMIT' ? new OutcomeUnknown('COMMIT failed; the transaction may or may not have committed', e) : e;
   }
+}
+
+/** A 5xx (unless storeServerErrors) or a refusal: rolled back or released, never stored. */
+function notStored(res, o) {
+  return (res.status >= 500 && !o.storeServerErrors) || o.refusedStatuses.includes(res.status);
 }
 
 function isConnectionError(e) {

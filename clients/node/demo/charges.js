@@ -176,6 +176,7 @@ export function routes(pool, { leaseMs, faults }) {
 
 /** The answer to an error the routes did not handle: 503 while the database is unavailable, else 4xx or 500. */
 export function errorResponse(err, detail = err.message) {
+  if (err instanceof Refused) return err.toResponse();
   if (isUnavailable(err)) return contractProblem('service-unavailable').toResponse();
   const status = err.status ?? err.statusCode;
   if (status >= 400 && status < 500) return problemResponse(status, detail);

@@ -58,7 +58,7 @@ const FRAMING = new Set(['content-length', 'transfer-encoding', 'etag']);
  * Holds back what the rest of the chain writes to `res` (writeHead, write, end) and resolves to
  * it as { status, headers, body (Buffer) } once it ends; `res` is then as before, headers cleared.
  */
-export function captureResponse(res) {
+function captureResponse(res) {
   return new Promise((resolve) => {
     const own = { writeHead: res.writeHead, write: res.write, end: res.end };
     const chunks = [];

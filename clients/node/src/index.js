@@ -7,7 +7,7 @@ export { HttpProblem, Refused } from './problem.js';
 export { Idempotency, Mode, REFUSED_STATUSES, answerWithoutWork } from './middleware.js';
 import { Idempotency } from './middleware.js';
 import { expressMiddleware, expressRoute } from './express.js';
-export { DEFAULT_METHODS, captureResponse, expressProblemHandler } from './express.js';
+export { DEFAULT_METHODS, expressProblemHandler } from './express.js';
 import { fastifyPlugin, fastifyRoute } from './fastify.js';
 
 /**

@@ -78,6 +78,7 @@ export function fastifyPlugin(idem) {
   }
   idempotencyPlugin[Symbol.for('skip-override')] = true; // the hooks apply to the whole app (fastify-plugin's way)
   idempotencyPlugin[Symbol.for('fastify.display-name')] = 'pg-idempotency';
+  idempotencyPlugin[Symbol.for('plugin-meta')] = { name: 'pg-idempotency', fastify: '4.x || 5.x' };
   return idempotencyPlugin;
 }
 

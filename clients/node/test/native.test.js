@@ -129,7 +129,7 @@ describe('express: per-route idem.middleware() with the route template in the sc
 describe('fastify: app.register(idem.fastifyPlugin) before ordinary handlers', () => {
   let app;
   let port;
-  const calls = { failing: 0 };
+  const calls = { failing: 0, nested: 0 };
   before(async () => {
     app = Fastify({ logger: false });
     await app.register(idem.fastifyPlugin);
@@ -146,6 +146,13 @@ describe('fastify: app.register(idem.fastifyPlugin) before ordinary handlers', (
       throw new Error('the handler failed after its write');
     });
     app.post('/unprotected', { config: { idempotency: false } }, async (request) => ({ idempotency: request.idempotency }));
+    // Routes of an encapsulated child plugin get the hooks too (the plugin skips encapsulation).
+    await app.register(async (child) => {
+      child.post('/nested', async (request, reply) => {
+        reply.code(201);
+        return { key: request.idempotency.key, n: ++calls.nested };
+      });
+    });
     await app.listen({ host: '127.0.0.1', port: 0 });
     port = app.server.address().port;
   });
@@ -171,6 +178,16 @@ describe('fastify: app.register(idem.fastifyPlugin) before ordinary handlers', (
     const good = await post(port, '/orders', key);
     assert.equal(good.status, 201);
     assert.equal(good.headers['idempotent-replayed'], undefined);
+  });
+
+  test('a route of a child plugin is protected as well', async () => {
+    const key = newKey();
+    const first = await post(port, '/nested', key);
+    assert.equal(first.status, 201);
+    assert.deepEqual(JSON.parse(first.body), { key, n: 1 });
+    const again = await post(port, '/nested', key);
+    assert.equal(again.headers['idempotent-replayed'], 'true');
+    assert.equal(calls.nested, 1);
   });
 
   test('config: { idempotency: false } leaves a route out', async () => {

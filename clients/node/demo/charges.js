@@ -126,6 +126,7 @@ export function routes(pool, { leaseMs, faults }) {
       options: { mode: Mode.SAME_TRANSACTION },
       async handler(req, ctx) {
         const body = chargeRequest(req.body);
+        await injectFaults(req, faults); // inside the claim's transaction
         return created(await insertCharge(ctx.db, tenant(req), body));
       },
     },

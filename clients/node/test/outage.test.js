@@ -42,11 +42,16 @@ for (const framework of ['express', 'fastify']) {
           earlier[route] = await postCharge(app.port, route, { tenant, key: quoted(keys.earlier) });
           assert.equal(earlier[route].status, 201, earlier[route].body);
         }
-        // In its handler (the claim committed) when the database goes away.
+        // In their handlers when the database goes away: committed first (the claim committed),
+        // and same transaction (the claim's transaction open; its connection is dropped while idle).
         const slow = postCharge(app.port, '/charges/external', {
           tenant, key: quoted(keys.inFlight), headers: { 'X-Fault-Delay-Ms': '1500' },
         });
+        const slowSame = postCharge(app.port, '/charges', {
+          tenant, key: quoted(keys.inFlight), headers: { 'X-Fault-Delay-Ms': '1500' },
+        });
         await waitInProgress(pool, `${tenant}:POST /charges/external`, keys.inFlight);
+        await sleep(200);
         stopDatabase();
         try {
           for (const route of ['/charges', '/charges/external']) {
@@ -54,7 +59,9 @@ for (const framework of ['express', 'fastify']) {
               assertUnavailable(await postCharge(app.port, route, { tenant, key: quoted(keys[k]) }), `${route} ${k} key`);
             }
           }
-          assertUnavailable(await slow, 'the request in its handler');
+          assertUnavailable(await slow, 'the committed-first request in its handler');
+          assertUnavailable(await slowSame, 'the same-transaction request in its handler');
+          assert.equal(app.proc.exitCode, null, 'the demo is still running');
           assertUnavailable(await request(app.port, 'GET', '/charges/ch_x', { headers: { 'X-Api-Key': tenant } }), 'GET');
         } finally {
           startDatabase();
@@ -69,8 +76,12 @@ for (const framework of ['express', 'fastify']) {
           const replay = await postCharge(app.port, route, { tenant, key: quoted(keys.meanwhile) });
           assert.equal(replay.headers['idempotent-replayed'], 'true');
         }
-        // The in-flight claim could not be released (the database was down): its key is busy
-        // until its lease ends, then runs once.
+        // The same-transaction claim was rolled back with its connection: the key runs at once.
+        const sameRetry = await postCharge(app.port, '/charges', { tenant, key: quoted(keys.inFlight) });
+        assert.equal(sameRetry.status, 201, sameRetry.body);
+        assert.equal(sameRetry.headers['idempotent-replayed'], undefined);
+        // The committed-first claim could not be released (the database was down): its key is
+        // busy until its lease ends, then runs once.
         let retried;
         for (let i = 0; i < 100; i++) {
           retried = await postCharge(app.port, '/charges/external', { tenant, key: quoted(keys.inFlight) });
@@ -79,7 +90,7 @@ for (const framework of ['express', 'fastify']) {
         }
         assert.equal(retried.status, 201, retried.body);
         assert.equal(retried.headers['idempotent-replayed'], undefined);
-        assert.equal(await chargeCount(pool, tenant), 5);
+        assert.equal(await chargeCount(pool, tenant), 6);
       } finally {
         await app.stop();
       }

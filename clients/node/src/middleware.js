@@ -219,7 +219,8 @@ async function commit(db, statement) {
   try {
     await db.query(statement);
   } catch (e) {
-    throw statement === 'COMMIT' ? new OutcomeUnknown('COMMIT failed; the transaction may or may not have committed', e) : e;
+    // The server's own error answer to COMMIT means it rolled back; a lost connection leaves it unknown.
+    throw statement === 'COMMIT' && isUnavailable(e) ? new OutcomeUnknown('COMMIT got no answer; the transaction may or may not have committed', e) : e;
   }
 }
 

@@ -108,6 +108,8 @@ export declare class PermissionDeniedError extends IdempotencyError {}
 export declare class UnsupportedFeatureError extends IdempotencyError {}
 /** The typed error for a node-postgres error, or the error itself. */
 export declare function mapError(e: unknown): unknown;
+/** Whether a node-postgres / pg-pool error means the database is unavailable (refused, reset, pool timeout, shutting down). */
+export declare function isUnavailable(e: unknown): boolean;
 /** SQLSTATE -> the error class `mapError` makes for it. */
 export declare const BY_SQLSTATE: Readonly<Record<string, new (message: string, o?: { code?: string | null; cause?: unknown }) => IdempotencyError>>;
 
@@ -117,7 +119,19 @@ export declare function parseIdempotencyKey(values: string[]): { key: string } |
 export declare function fieldLines(rawHeaders: string[], name?: string): string[];
 export declare function intervalText(v: IntervalInput | null | undefined): string | null;
 
-export declare class HttpProblem extends Error {
+export interface RefusedArguments {
+  status: number;
+  /** Default: the status's reason phrase. */
+  title?: string;
+  detail?: string;
+  /** Default: about:blank. */
+  type?: string;
+  headers?: Record<string, string>;
+}
+/** A refusal, thrown to answer with a problem (RFC 9457); never stored. The same argument names as the Python package's Refused. */
+export declare class Refused extends Error {
+  constructor(args: RefusedArguments);
+  /** The older positional form. */
   constructor(status: number, title: string, options?: { detail?: string; type?: string; headers?: Record<string, string> });
   status: number;
   title: string;
@@ -126,6 +140,13 @@ export declare class HttpProblem extends Error {
   headers: Record<string, string>;
   toResponse(): HandlerResponse & { body: string };
 }
+
+/** The contract's problem answer `slug` (e.g. 'service-unavailable'), with Retry-After where it has one. */
+export declare function contractProblem(slug: string, retryAfterSeconds?: number): Refused;
+
+/** The name this package first gave Refused (the same class). */
+export declare const HttpProblem: typeof Refused;
+export type HttpProblem = Refused;
 
 export declare const Mode: {
   readonly SAME_TRANSACTION: 'same-transaction';
@@ -171,7 +192,7 @@ export type Handler<Req> = (req: Req, ctx: any) => Promise<HandlerResponse> | Ha
 
 export interface RouteOptions<Req = any> {
   mode?: Mode;
-  /** Default: none. May throw an HttpProblem (e.g. 401) before the key is looked at. */
+  /** Default: none. May throw a Refused (e.g. 401) before the key is looked at. */
   tenant?: (req: Req) => string | undefined | Promise<string | undefined>;
   /** Default: `${tenant}:${method} ${route}` (or `${method} ${route}` without a tenant). */
   scope?: (p: { tenant: string | undefined; method: string; route: string; req: Req }) => string | Promise<string>;
@@ -187,6 +208,8 @@ export interface RouteOptions<Req = any> {
   replayHeaders?: string[];
   /** Default false: a 5xx answer releases the key (unless side effects started). */
   storeServerErrors?: boolean;
+  /** Default REFUSED_STATUSES: answers with these statuses release the key, never stored. */
+  refusedStatuses?: readonly number[];
   logger?: { warn(...a: unknown[]): void; error(...a: unknown[]): void };
 }
 
@@ -233,4 +256,37 @@ export interface IdempotencyApp extends Idempotency {
     handler: (req: import('fastify').FastifyRequest, ctx: HandlerContext) => Promise<HandlerResponse> | HandlerResponse): FastifyHandler;
 }
 
+export interface NativeOptions<Req> extends RouteOptions<Req> {
+  /** Default DEFAULT_METHODS (POST, PATCH): the requests that need a key; others pass through. */
+  methods?: readonly string[];
+}
+export interface FastifyRouteConfig {
+  /** A route's own options for the plugin, or false to leave it out. */
+  idempotency?: RouteOptions<import('fastify').FastifyRequest> | false;
+}
+
+export interface IdempotencyApp {
+  /** Express middleware (app.use or per route) before ordinary handlers; they find the context in req.idempotency. */
+  middleware(options?: NativeOptions<import('express').Request>): import('express').RequestHandler;
+  /** Fastify's plugin: app.register(idem.fastifyPlugin, options); handlers find the context in request.idempotency. */
+  fastifyPlugin: import('fastify').FastifyPluginAsync<NativeOptions<import('fastify').FastifyRequest>>;
+}
+
 export declare function createIdempotency(options: IdempotencyOptions): IdempotencyApp;
+export declare const REFUSED_STATUSES: readonly number[];
+export declare const DEFAULT_METHODS: readonly string[];
+/** An Express error handler: a Refused as its problem+json, the database unavailable as 503; anything else goes on. */
+export declare function expressProblemHandler(): import('express').ErrorRequestHandler;
+
+declare module 'express-serve-static-core' {
+  interface Request {
+    /** Set by idem.middleware() on the requests it protects. */
+    idempotency?: HandlerContext;
+  }
+}
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Set by idem.fastifyPlugin on the requests it protects (null elsewhere). */
+    idempotency: HandlerContext | null;
+  }
+}

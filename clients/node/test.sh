@@ -2,7 +2,8 @@
 # The Node package's suite: installs what it needs (npm ci from
 # package-lock.json), packs the package (npm pack), starts a throwaway PostgreSQL 15 cluster with the
 # extension (tests/lib.sh) and Debian's pgbouncer in transaction-pooling mode in front of it, and
-# runs `node --test` (client, demo apps over real HTTP, crashes, pgbouncer, types, the packed tarball).
+# runs `node --test` (client, demo apps over real HTTP, crashes, the database stopped under the demos,
+# pgbouncer, types, the packed tarball, the README's install command and examples in $dir/readme).
 #
 # Ports and folder: tests/lib.sh's "node" row (PostgreSQL, pgbouncer = +1) and its folder; the demo
 # servers listen from DEMO_PORT_BASE (default: tests/lib.sh's node-demos). NODE_SUITE_PORT / NODE_SUITE_DIR override.
@@ -46,6 +47,7 @@ status=0
 DATABASE_URL="postgresql://postgres@127.0.0.1:$pg_port/postgres" \
 PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres" \
 PACK_FILE="$pack_file" \
+PG_DATA_DIR="$dir/pg/data" PG_BIN="$PGBIN" SUITE_DIR="$dir" \
     node --test --test-concurrency=1 \
         --test-reporter=spec --test-reporter-destination=stdout \
         --test-reporter=tap --test-reporter-destination="$dir/results.tap" \

@@ -3,7 +3,7 @@
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
-import { HttpProblem, Mode } from '../src/index.js';
+import { HttpProblem, Mode, Refused, contractProblem, isUnavailable } from '../src/index.js';
 
 const USAGE = `usage: node demo/<express|fastify>.js --database-url URL --listen HOST:PORT
        [--lease-ms N (default 10000)] [--allow-fault-injection]
@@ -67,7 +67,8 @@ RETURNING ${CHARGE_JSON}`;
 const SELECT_CHARGE = `SELECT ${CHARGE_JSON} FROM charges WHERE id = $1 AND tenant = $2`;
 
 export async function openPool(databaseUrl) {
-  const pool = new pg.Pool({ connectionString: databaseUrl, max: 20 });
+  // connectionTimeoutMillis: with no connection in 5 s, the request is answered 503.
+  const pool = new pg.Pool({ connectionString: databaseUrl, max: 20, connectionTimeoutMillis: 5000 });
   pool.on('error', (e) => console.error('demo: idle database connection failed:', e.message));
   await pool.query(SCHEMA);
   return pool;
@@ -77,8 +78,8 @@ export async function openPool(databaseUrl) {
 export function tenant(req) {
   const value = req.headers['x-api-key'];
   if (typeof value !== 'string' || value === '') {
-    throw new HttpProblem(401, 'Unauthorized', {
-      detail: 'Give your API key in the X-Api-Key header.',
+    throw new Refused({
+      status: 401, title: 'Unauthorized', detail: 'Give your API key in the X-Api-Key header.',
       headers: { 'WWW-Authenticate': 'ApiKey realm="charges"' },
     });
   }
@@ -90,8 +91,8 @@ function chargeRequest(body) {
     Object.keys(body).length === 2 && Number.isSafeInteger(body.amount) && body.amount > 0 &&
     typeof body.currency === 'string' && body.currency !== '';
   if (!ok) {
-    throw new HttpProblem(400, 'Invalid request', {
-      detail: 'The body must be {"amount": <integer > 0>, "currency": <string>}.',
+    throw new Refused({
+      status: 400, title: 'Invalid request', detail: 'The body must be {"amount": <integer > 0>, "currency": <string>}.',
     });
   }
   return body;
@@ -125,6 +126,7 @@ export function routes(pool, { leaseMs, faults }) {
       options: { mode: Mode.SAME_TRANSACTION },
       async handler(req, ctx) {
         const body = chargeRequest(req.body);
+        await injectFaults(req, faults); // inside the claim's transaction
         return created(await insertCharge(ctx.db, tenant(req), body));
       },
     },
@@ -171,6 +173,16 @@ export function routes(pool, { leaseMs, faults }) {
       return { status: 200, headers: { 'Content-Type': 'application/json' }, body: rows[0].charge };
     },
   };
+}
+
+/** The answer to an error the routes did not handle: 503 while the database is unavailable, else 4xx or 500. */
+export function errorResponse(err, detail = err.message) {
+  if (err instanceof Refused) return err.toResponse();
+  if (isUnavailable(err)) return contractProblem('service-unavailable').toResponse();
+  const status = err.status ?? err.statusCode;
+  if (status >= 400 && status < 500) return problemResponse(status, detail);
+  console.error('demo:', err);
+  return contractProblem('internal-error').toResponse();
 }
 
 export function problemResponse(status, detail) {

@@ -1,9 +1,9 @@
 #!/usr/bin/env node
-// The demo charges service on Fastify:
+// The demo charges service on Fastify, with the package's plugin before ordinary handlers:
 //   node demo/fastify.js --database-url postgresql://... --listen 127.0.0.1:8080
 import Fastify from 'fastify';
 import { createIdempotency } from '../src/index.js';
-import { openPool, options, problemResponse, routes } from './charges.js';
+import { errorResponse, openPool, options, problemResponse, routes } from './charges.js';
 
 const opts = options();
 const pool = await openPool(opts.databaseUrl);
@@ -24,15 +24,21 @@ app.addContentTypeParser('*', { parseAs: 'string' }, (req, text, done) => {
   }
 });
 app.get('/healthz', async (req, reply) => reply.type('text/plain').send('ok\n'));
-app.post('/charges', idem.fastify(r.sameTransaction.options, r.sameTransaction.handler));
-app.post('/charges/external', idem.fastify(r.committedFirst.options, r.committedFirst.handler));
+await app.register(idem.fastifyPlugin);
+app.post('/charges', { config: { idempotency: r.sameTransaction.options } }, answer(r.sameTransaction.handler));
+app.post('/charges/external', { config: { idempotency: r.committedFirst.options } }, answer(r.committedFirst.handler));
 app.get('/charges/:id', async (req, reply) => send(reply, await r.getCharge(req, req.params.id)));
 app.setNotFoundHandler((req, reply) => send(reply, problemResponse(404, 'No such route.')));
-app.setErrorHandler((err, req, reply) => {
-  const status = err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 500;
-  if (status === 500) console.error('demo:', err);
-  send(reply, problemResponse(status, status === 500 ? 'The request failed.' : err.message));
-});
+app.setErrorHandler((err, req, reply) => send(reply, errorResponse(err)));
+
+/** An ordinary Fastify handler around a demo route. */
+function answer(handler) {
+  return async (request, reply) => {
+    const { status, headers, body } = await handler(request, request.idempotency);
+    reply.code(status).headers(headers);
+    return Buffer.from(JSON.stringify(body)); // an object would get "; charset=utf-8" added to its Content-Type
+  };
+}
 
 function send(reply, { status, headers, body }) {
   return reply.code(status).headers(headers).send(Buffer.from(body));

@@ -53,3 +53,20 @@ export function mapError(e) {
   const Class = e && typeof e.code === 'string' ? BY_SQLSTATE[e.code] : undefined;
   return Class ? new Class(e.message, { code: e.code, cause: e }) : e;
 }
+
+// The database could not be reached: the socket's own errors, the server shutting down, starting
+// or out of connections, a connection exception (class 08), and node-postgres's and pg-pool's
+// errors for a dead connection or a pool that gave none in time (connectionTimeoutMillis).
+const UNREACHABLE_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH',
+  'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', '57P01', '57P02', '57P03', '53300']);
+const UNREACHABLE_MESSAGES = /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Client was closed|Query read timeout)/;
+
+/** Whether `e` (a node-postgres or pg-pool error) means the database is unavailable. */
+export function isUnavailable(e) {
+  for (let x = e, depth = 0; x && depth < 5; x = x.cause, depth++) {
+    const code = typeof x.code === 'string' ? x.code : '';
+    if (UNREACHABLE_CODES.has(code) || /^08[0-9A-Z]{3}$/.test(code)) return true;
+    if (typeof x.message === 'string' && UNREACHABLE_MESSAGES.test(x.message)) return true;
+  }
+  return false;
+}

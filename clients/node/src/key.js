@@ -1,5 +1,5 @@
-// The Idempotency-Key request header (draft-ietf-httpapi-idempotency-key-header): exactly one
-// field line whose value is an RFC 8941 sf-string, 1 to 255 printable ASCII characters.
+// The Idempotency-Key request header (draft-ietf-httpapi-idempotency-key-header), as
+// contract/contract.json's key_header gives it.
 import { parseItem } from 'structured-headers';
 
 export const MAX_KEY_LENGTH = 255;
@@ -13,24 +13,35 @@ export function fieldLines(rawHeaders, name = 'idempotency-key') {
   return values;
 }
 
+// RFC 9110 tchar: what a bare (unquoted) key may hold.
+const BARE_KEY = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+
 /**
+ * contract/contract.json's key_header: exactly one field line holding an RFC 8941 sf-string
+ * ("...") or a bare value of RFC 9110 token characters only (a bare UUID, k-1001: what
+ * Stripe-style clients send); 1 to 255 characters after unquoting.
  * @param {string[]} values the raw values of every Idempotency-Key field line
  * @returns {{key: string} | {error: string}}
  */
 export function parseIdempotencyKey(values) {
   if (values.length === 0) return { error: 'the request has no Idempotency-Key header' };
   if (values.length > 1) return { error: 'the Idempotency-Key header must appear once' };
-  let item;
-  try {
-    item = parseItem(values[0]);
-  } catch {
-    return { error: 'the Idempotency-Key header is not an RFC 8941 structured field item' };
+  const raw = values[0].replace(/^[ \t]+|[ \t]+$/g, '');
+  let value = raw;
+  if (raw.startsWith('"')) {
+    let item;
+    try {
+      item = parseItem(raw);
+    } catch {
+      return { error: 'the Idempotency-Key is not a well-formed quoted string (RFC 8941 sf-string), e.g. "8e03978e-40d5"' };
+    }
+    if (typeof item[0] !== 'string' || item[1].size > 0) {
+      return { error: 'the Idempotency-Key must be one quoted string, without parameters' };
+    }
+    value = item[0];
+  } else if (!BARE_KEY.test(raw) && raw !== '') {
+    return { error: "a bare Idempotency-Key may hold letters, digits and !#$%&'*+-.^_`|~ only; quote it: \"...\"" };
   }
-  const [value, params] = item;
-  if (typeof value !== 'string') {
-    return { error: 'the Idempotency-Key must be a quoted string (RFC 8941 sf-string), e.g. "8e03978e-40d5"' };
-  }
-  if (params.size > 0) return { error: 'the Idempotency-Key takes no parameters' };
   if (value.length === 0) return { error: 'the Idempotency-Key is empty' };
   if (value.length > MAX_KEY_LENGTH) return { error: `the Idempotency-Key is longer than ${MAX_KEY_LENGTH} characters` };
   return { key: value };

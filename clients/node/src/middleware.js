@@ -2,7 +2,7 @@
 // claim, running the handler in one of the two modes, storing or releasing, and the answers.
 import { randomUUID } from 'node:crypto';
 import { IdempotencyClient, Outcome } from './client.js';
-import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError } from './errors.js';
+import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError, isUnavailable } from './errors.js';
 import { fingerprint } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
 import { HttpProblem, problems } from './problem.js';
@@ -12,6 +12,12 @@ export const Mode = Object.freeze({
   SAME_TRANSACTION: 'same-transaction',
   COMMITTED_FIRST: 'committed-first',
 });
+
+/**
+ * Answers that refuse the request rather than carry it out (the Python and Java packages' list):
+ * released, not stored, so a request refused by validation leaves its key free.
+ */
+export const REFUSED_STATUSES = Object.freeze([400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429]);
 
 const DEFAULTS = {
   mode: Mode.SAME_TRANSACTION,
@@ -24,6 +30,7 @@ const DEFAULTS = {
   wait: undefined,
   replayHeaders: DEFAULT_REPLAY_HEADERS,
   storeServerErrors: false,
+  refusedStatuses: REFUSED_STATUSES,
   logger: console,
 };
 
@@ -50,7 +57,7 @@ export function answerWithoutWork(c) {
 export class Idempotency {
   /**
    * @param {object} options { pool (pg.Pool), and defaults for every route: mode, tenant, scope,
-   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, logger }
+   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, refusedStatuses, logger }
    */
   constructor({ pool, ...defaults }) {
     if (!pool) throw new TypeError('createIdempotency: `pool` (a pg.Pool) is required');
@@ -70,6 +77,10 @@ export class Idempotency {
     } catch (e) {
       if (e instanceof HttpProblem) return answer(e);
       if (e instanceof LockTimeoutError || e instanceof SerializationError) return answer(problems.inProgress(1));
+      if (isUnavailable(e) && !(e instanceof OutcomeUnknown)) {
+        o.logger.warn(`pg-idempotency: ${input.method} ${input.route}: the database is unavailable (${e.message}): 503, nothing was done`);
+        return answer(problems.unavailable());
+      }
       o.logger.error(`pg-idempotency: ${input.method} ${input.route}:`, e);
       return answer(problems.internal());
     }
@@ -89,6 +100,11 @@ export class Idempotency {
 
   async #sameTransaction(o, handler, req, claim) {
     const db = await this.pool.connect();
+    // A checked-out connection the server drops would otherwise emit an unhandled 'error' (the
+    // process dies); the query in flight fails anyway, and the pool is told to discard it.
+    let broken;
+    const onError = (e) => void (broken = e);
+    db.on('error', onError);
     let open = false;
     try {
       await db.query('BEGIN');
@@ -101,19 +117,23 @@ export class Idempotency {
       }
       const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
       const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
-      if (!claim || (res.status >= 500 && !o.storeServerErrors)) {
-        await db.query(res.status >= 500 ? 'ROLLBACK' : 'COMMIT');
+      if (!claim || notStored(res, o)) {
         open = false;
+        await commit(db, notStored(res, o) ? 'ROLLBACK' : 'COMMIT');
         return send(res, res.text);
       }
       const stored = await idem.complete(claim.scope, claim.key, c.token, res.status,
         { bodyJson: res.json, headers: res.stored });
-      await db.query('COMMIT');
       open = false;
+      await commit(db, 'COMMIT');
       return send(res, res.isJson ? stored ?? '' : res.text);
+    } catch (e) {
+      if (isUnavailable(e)) broken ??= e;
+      throw e;
     } finally {
-      if (open) await db.query('ROLLBACK').catch(() => {});
-      db.release();
+      if (open && !broken) await db.query('ROLLBACK').catch((e) => void (broken = e));
+      db.removeListener('error', onError);
+      db.release(broken);
     }
   }
 
@@ -140,8 +160,11 @@ export class Idempotency {
       await lease.stop();
       if (isFenced(e)) return this.#fenced(o, scope, key, e);
       if (!lease.sideEffects) {
-        await this.client.release(scope, key, c.token);
-        if (e instanceof HttpProblem) return answer(e);
+        await this.client.release(scope, key, c.token).catch((r) => {
+          if (!isUnavailable(r)) throw r;
+          o.logger.warn(`pg-idempotency: ${scope} ${key}: the key could not be released (${r.message}); it is free again when its lease ends`);
+        });
+        if (e instanceof HttpProblem || isUnavailable(e)) throw e;
         o.logger.error(`pg-idempotency: ${scope} ${key}: the handler failed before its side effects (key released):`, e);
         return answer(problems.internal());
       }
@@ -149,7 +172,7 @@ export class Idempotency {
       res = prepareResponse(e instanceof HttpProblem ? e.toResponse() : problems.internal().toResponse(), o.replayHeaders);
     }
     await lease.stop();
-    if (res.status >= 500 && !o.storeServerErrors && !lease.sideEffects) {
+    if (notStored(res, o) && !lease.sideEffects) {
       await this.client.release(scope, key, c.token);
       return send(res, res.text);
     }
@@ -158,7 +181,7 @@ export class Idempotency {
       return send(res, res.isJson ? stored ?? '' : res.text);
     } catch (e) {
       if (isFenced(e)) return this.#fenced(o, scope, key, e);
-      throw e;
+      throw new OutcomeUnknown('the handler ran but its response could not be stored', e);
     }
   }
 
@@ -179,6 +202,31 @@ export class Idempotency {
     o.logger.warn(`pg-idempotency: ${scope} ${key}: late completion fenced (${e.code}): another attempt owns the key; not reporting success`);
     return answer(problems.superseded());
   }
+}
+
+/**
+ * An error after work may have been done (a lost reply to COMMIT, a response not stored after a
+ * side effect): answered 500, never 503 ("nothing was done" may be untrue).
+ */
+class OutcomeUnknown extends Error {
+  constructor(message, cause) {
+    super(`${message}: ${cause?.message}`, { cause });
+    this.name = 'OutcomeUnknown';
+  }
+}
+
+async function commit(db, statement) {
+  try {
+    await db.query(statement);
+  } catch (e) {
+    // The server's own error answer to COMMIT means it rolled back; a lost connection leaves it unknown.
+    throw statement === 'COMMIT' && isUnavailable(e) ? new OutcomeUnknown('COMMIT got no answer; the transaction may or may not have committed', e) : e;
+  }
+}
+
+/** A 5xx (unless storeServerErrors) or a refusal: rolled back or released, never stored. */
+function notStored(res, o) {
+  return (res.status >= 500 && !o.storeServerErrors) || o.refusedStatuses.includes(res.status);
 }
 
 function isConnectionError(e) {

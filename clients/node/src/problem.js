@@ -1,21 +1,27 @@
-// RFC 9457 problem details, and an error a handler (or a tenant/scope function) throws to
-// answer with one. A thrown HttpProblem means "not carried out": the claim is released or
-// rolled back, never stored.
+// RFC 9457 problem details, and the refusal a handler (or a tenant/scope function) throws to
+// answer with one. A thrown Refused means "not carried out": the claim is released or rolled
+// back, never stored.
+import { STATUS_CODES } from 'node:http';
 
-export class HttpProblem extends Error {
+export class Refused extends Error {
   /**
-   * @param {number} status
-   * @param {string} title
+   * The argument names of the Python package's Refused: `new Refused({ status: 401, title:
+   * 'Unauthorized', detail: '...', headers: { 'WWW-Authenticate': '...' } })` (title defaults to
+   * the status's reason phrase). The older positional form `(status, title, { detail, type,
+   * headers })` is kept.
+   * @param {number | {status: number, title?: string, detail?: string, type?: string, headers?: Record<string, string>}} status
+   * @param {string} [title]
    * @param {{detail?: string, type?: string, headers?: Record<string, string>}} [o]
    */
-  constructor(status, title, { detail, type, headers = {} } = {}) {
-    super(detail ?? title);
-    this.name = 'HttpProblem';
-    this.status = status;
-    this.title = title;
-    this.detail = detail;
-    this.type = type ?? 'about:blank';
-    this.headers = headers;
+  constructor(status, title, o = {}) {
+    const a = refusalArguments(status, title, o);
+    super(a.detail ?? a.title);
+    this.name = 'Refused';
+    this.status = a.status;
+    this.title = a.title;
+    this.detail = a.detail;
+    this.type = a.type ?? 'about:blank';
+    this.headers = a.headers ?? {};
   }
 
   /** The response: { status, headers, body } with body as text. */
@@ -28,6 +34,15 @@ export class HttpProblem extends Error {
       body: JSON.stringify(problem),
     };
   }
+}
+
+function refusalArguments(status, title, o) {
+  const a = typeof status === 'object' && status !== null ? { ...status } : { ...o, status, title };
+  if (!Number.isInteger(a.status) || a.status < 400 || a.status > 599) {
+    throw new TypeError(`Refused: status must be an HTTP error status (400-599), got ${a.status}`);
+  }
+  a.title ??= STATUS_CODES[a.status] ?? 'Error';
+  return a;
 }
 
 // The middleware's answers, exactly as contract/contract.json gives them (test/contract.test.js
@@ -56,8 +71,11 @@ export function contractProblem(slug, retryAfterSeconds = 1) {
   const p = PROBLEMS[slug];
   if (!p) throw new Error(`no problem ${slug} in the contract`);
   const headers = p.retryAfter ? { 'Retry-After': String(Math.max(1, Math.ceil(retryAfterSeconds ?? 1))) } : {};
-  return new HttpProblem(p.status, p.title, { type: PROBLEM_TYPE_PREFIX + slug, detail: p.detail, headers });
+  return new Refused({ status: p.status, title: p.title, type: PROBLEM_TYPE_PREFIX + slug, detail: p.detail, headers });
 }
+
+/** The name this package first gave Refused (the same class). */
+export const HttpProblem = Refused;
 
 export const problems = {
   missingKey: () => contractProblem('idempotency-key-missing'),
@@ -66,5 +84,6 @@ export const problems = {
   superseded: () => contractProblem('idempotency-key-superseded'),
   mismatch: () => contractProblem('idempotency-key-reused'),
   expired: () => contractProblem('idempotency-key-expired'),
+  unavailable: () => contractProblem('service-unavailable'),
   internal: () => contractProblem('internal-error'),
 };

@@ -18,7 +18,7 @@ export const LEASE_MS = 1500;
 
 // Demo servers listen on DEMO_PORT_BASE (test.sh: tests/lib.sh's node-demos) + 5 ports per test
 // file, taken in turn (at most two servers of a file run at once).
-const FILES = ['client', 'crash', 'http', 'package', 'pgbouncer', 'unit'];
+const FILES = ['outage', 'crash', 'http', 'readme', 'pgbouncer', 'unit'];
 const fileIndex = Math.max(0, FILES.indexOf(process.argv[1]?.match(/(\w+)\.test\.js$/)?.[1]));
 if (!process.env.DEMO_PORT_BASE) throw new Error("set DEMO_PORT_BASE (test.sh takes it from tests/lib.sh's port table)");
 const firstPort = Number(process.env.DEMO_PORT_BASE) + 5 * fileIndex;

@@ -98,7 +98,8 @@ for (const framework of ['express', 'fastify']) {
       const tenant = newTenant();
       const cases = [
         ['missing', undefined],
-        ['bare token (not an sf-string)', 'abc'],
+        ['a bare value with a space', 'a b'],
+        ['a bare value with a slash', 'a/b'],
         ['empty string', '""'],
         ['256 characters', quoted('k'.repeat(256))],
         ['no closing quote', '"abc'],
@@ -125,6 +126,11 @@ for (const framework of ['express', 'fastify']) {
       const escaped = await postCharge(app.port, '/charges', { tenant, key: '"a\\"b\\\\c"' });
       assert.equal(escaped.status, 201);
       assert.ok(await lookup(`${tenant}:POST /charges`, 'a"b\\c'), 'the escapes are undone before the claim');
+      const bare = newKey();
+      const unquoted = await postCharge(app.port, '/charges', { tenant, key: bare });
+      assert.equal(unquoted.status, 201, `a bare key of token characters is accepted: ${unquoted.body}`);
+      const sameKeyQuoted = await postCharge(app.port, '/charges', { tenant, key: quoted(bare) });
+      assert.equal(sameKeyQuoted.headers['idempotent-replayed'], 'true', 'bare and quoted are the same key');
     });
 
     test('missing tenant: 401 problem+json, nothing claimed', async () => {

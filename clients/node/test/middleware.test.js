@@ -23,6 +23,8 @@ before(async () => {
   })));
   app.post('/released', idem.express({}, () => ({ status: 503, body: { n: count('released') } })));
   app.post('/stored', idem.express({ storeServerErrors: true }, () => ({ status: 503, body: { n: count('stored') } })));
+  app.post('/refusal', idem.express({}, () => ({ status: 400, body: { n: count('refusal') } })));
+  app.post('/refusal-stored', idem.express({ refusedStatuses: [] }, () => ({ status: 400, body: { n: count('refusal-stored') } })));
   app.post('/optional', idem.express({ required: false }, () => ({ body: { n: count('optional') } })));
   app.post('/scoped', idem.express({ scope: ({ method }) => `custom:${method}` }, () => ({ body: { n: count('scoped') } })));
   app.post('/headers', idem.express({ replayHeaders: ['X-Tag'] }, () => ({
@@ -86,11 +88,22 @@ test('a returned 5xx releases the key by default, and is stored with storeServer
   assert.equal(calls.stored, 1);
 });
 
+test('a returned refusal (400, one of refusedStatuses) is released, not stored; refusedStatuses: [] stores it', async () => {
+  const key = newKey();
+  assert.equal((await post('/refusal', key)).status, 400);
+  assert.equal(await record('mw-test:POST /refusal', key), null);
+  assert.equal((await post('/refusal', key)).status, 400);
+  assert.equal(calls.refusal, 2, 'the retry ran the handler again');
+  await post('/refusal-stored', key);
+  assert.equal((await post('/refusal-stored', key)).headers['idempotent-replayed'], 'true');
+  assert.equal(calls['refusal-stored'], 1);
+});
+
 test('required: false runs a request without a key unprotected; a bad key is still 400', async () => {
   assert.equal((await post('/optional')).status, 200);
   assert.equal((await post('/optional')).status, 200);
   assert.equal(calls.optional, 2);
-  const bad = await request(port, 'POST', '/optional', { headers: { 'Idempotency-Key': 'bare' }, body: {} });
+  const bad = await request(port, 'POST', '/optional', { headers: { 'Idempotency-Key': 'a b' }, body: {} });
   assert.equal(bad.status, 400);
 });
 

@@ -4,13 +4,33 @@ import { test } from 'node:test';
 import { fieldLines, parseIdempotencyKey } from '../src/key.js';
 import { prepareResponse, storedBodyText } from '../src/response.js';
 import { intervalText } from '../src/client.js';
+import { HttpProblem, Refused } from '../src/problem.js';
 
-test('Idempotency-Key: exactly one sf-string of 1-255 printable ASCII', () => {
+test('Refused: the Python package\'s argument names (status, title, detail, headers); the positional form kept', () => {
+  const r = new Refused({ status: 401, detail: 'Give your API key.', headers: { 'WWW-Authenticate': 'ApiKey' } });
+  assert.deepEqual(r.toResponse(), {
+    status: 401,
+    headers: { 'Content-Type': 'application/problem+json', 'WWW-Authenticate': 'ApiKey' },
+    body: JSON.stringify({ type: 'about:blank', title: 'Unauthorized', status: 401, detail: 'Give your API key.' }),
+  });
+  const old = new HttpProblem(402, 'Payment required', { detail: 'declined' });
+  assert.ok(old instanceof Refused);
+  assert.deepEqual(JSON.parse(old.toResponse().body), { type: 'about:blank', title: 'Payment required', status: 402, detail: 'declined' });
+  assert.throws(() => new Refused({ status: 200 }), TypeError);
+  assert.throws(() => new Refused(401.5, 'x'), TypeError);
+});
+
+test('Idempotency-Key: exactly one sf-string, or a bare value of token characters, of 1-255 characters', () => {
   assert.deepEqual(parseIdempotencyKey(['"abc"']), { key: 'abc' });
   assert.deepEqual(parseIdempotencyKey([' "a\\"b\\\\" ']), { key: 'a"b\\' });
   assert.deepEqual(parseIdempotencyKey(['"' + 'k'.repeat(255) + '"']), { key: 'k'.repeat(255) });
-  for (const bad of [[], ['"a"', '"a"'], ['abc'], ['""'], ['"' + 'k'.repeat(256) + '"'], ['"a";x=1'], ['"a", "b"'],
-    ['"a\x01"'], ['"é"'], ['"abc'], ['1'], ['?1'], [':YWJj:']]) {
+  assert.deepEqual(parseIdempotencyKey(['"a b;c"']), { key: 'a b;c' });
+  for (const bare of ['k-bare', '8e03978e-40d5-43e8-bc93-6894a57f9324', '1', "!#$%&'*+-.^_`|~", 'k'.repeat(255)]) {
+    assert.deepEqual(parseIdempotencyKey([bare]), { key: bare }, bare);
+  }
+  for (const bad of [[], ['"a"', '"a"'], ['""'], [''], ['"' + 'k'.repeat(256) + '"'], ['k'.repeat(256)], ['"a";x=1'],
+    ['"a", "b"'], ['"a\x01"'], ['"é"'], ['"abc'], ['?1'], [':YWJj:'], ['a b'], ['a,b'], ['a;p=1'], ['a/b'], ['a:b'],
+    ['a"b'], ['é'], ['a\x01']]) {
     assert.ok('error' in parseIdempotencyKey(bad), JSON.stringify(bad));
   }
 });

@@ -4,7 +4,7 @@ import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
 import {
-  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, createIdempotency, fingerprint,
+  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, Refused, createIdempotency, fingerprint,
   type ClaimResult,
 } from 'pg-idempotency';
 
@@ -32,7 +32,8 @@ const idem = createIdempotency({
   pool,
   tenant: (req: any) => {
     const t = req.headers['x-api-key'];
-    if (typeof t !== 'string') throw new HttpProblem(401, 'Unauthorized');
+    if (typeof t !== 'string') throw new Refused({ status: 401, detail: 'Give your API key.', headers: { 'WWW-Authenticate': 'ApiKey' } });
+    if (t === '') throw new HttpProblem(401, 'Unauthorized');
     return t;
   },
 });
@@ -44,7 +45,16 @@ app.post('/charges', idem.express({ mode: Mode.SAME_TRANSACTION, ignore: ['note'
   return { status: 201, headers: { Location: `/charges/${rows[0].id}` }, body: rows[0] };
 }));
 
+app.use(idem.middleware({ methods: ['POST'] }));
+app.post('/orders', async (req, res) => {
+  const ctx = req.idempotency;
+  if (ctx?.mode === 'same-transaction') await ctx.db.query('SELECT 1');
+  res.status(201).json({ key: ctx?.key ?? null });
+});
+
 const f = Fastify();
+void f.register(idem.fastifyPlugin, { refusedStatuses: [400] });
+f.post('/orders', async (request) => ({ key: request.idempotency?.key ?? null }));
 f.post('/charges/external', idem.fastify({ mode: Mode.COMMITTED_FIRST, lease: 10_000 }, async (req, ctx) => {
   if (ctx.signal.aborted) throw new Error('lost');
   await ctx.checkpoint('charged', { id: 'ch_1' });

@@ -13,12 +13,12 @@ export function fieldLines(rawHeaders, name = 'idempotency-key') {
   return values;
 }
 
-// RFC 9110 tchar: what a bare (unquoted) key may hold.
-const BARE_KEY = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+// RFC 9110 tchar, ':' and '/' (an sf-token's characters): what a bare (unquoted) key may hold.
+const BARE_KEY = /^[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+$/;
 
 /**
  * contract/contract.json's key_header: exactly one field line holding an RFC 8941 sf-string
- * ("...") or a bare value of RFC 9110 token characters only (a bare UUID, k-1001: what
+ * ("...") or a bare value of RFC 9110 token characters, ':' and '/' (a bare UUID, k-1001: what
  * Stripe-style clients send); 1 to 255 characters after unquoting.
  * @param {string[]} values the raw values of every Idempotency-Key field line
  * @returns {{key: string} | {error: string}}
@@ -40,7 +40,7 @@ export function parseIdempotencyKey(values) {
     }
     value = item[0];
   } else if (!BARE_KEY.test(raw) && raw !== '') {
-    return { error: "a bare Idempotency-Key may hold letters, digits and !#$%&'*+-.^_`|~ only; quote it: \"...\"" };
+    return { error: "a bare Idempotency-Key may hold letters, digits and !#$%&'*+-.^_`|~:/ only; quote it: \"...\"" };
   }
   if (value.length === 0) return { error: 'the Idempotency-Key is empty' };
   if (value.length > MAX_KEY_LENGTH) return { error: `the Idempotency-Key is longer than ${MAX_KEY_LENGTH} characters` };

@@ -25,11 +25,12 @@ test('Idempotency-Key: exactly one sf-string, or a bare value of token character
   assert.deepEqual(parseIdempotencyKey([' "a\\"b\\\\" ']), { key: 'a"b\\' });
   assert.deepEqual(parseIdempotencyKey(['"' + 'k'.repeat(255) + '"']), { key: 'k'.repeat(255) });
   assert.deepEqual(parseIdempotencyKey(['"a b;c"']), { key: 'a b;c' });
-  for (const bare of ['k-bare', '8e03978e-40d5-43e8-bc93-6894a57f9324', '1', "!#$%&'*+-.^_`|~", 'k'.repeat(255)]) {
+  for (const bare of ['k-bare', '8e03978e-40d5-43e8-bc93-6894a57f9324', '1', "!#$%&'*+-.^_`|~", 'k'.repeat(255),
+    'a/b', 'a:b', 'tok-1:a/b']) {
     assert.deepEqual(parseIdempotencyKey([bare]), { key: bare }, bare);
   }
   for (const bad of [[], ['"a"', '"a"'], ['""'], [''], ['"' + 'k'.repeat(256) + '"'], ['k'.repeat(256)], ['"a";x=1'],
-    ['"a", "b"'], ['"a\x01"'], ['"é"'], ['"abc'], ['?1'], [':YWJj:'], ['a b'], ['a,b'], ['a;p=1'], ['a/b'], ['a:b'],
+    ['"a", "b"'], ['"a\x01"'], ['"é"'], ['"abc'], ['?1'], ['a b'], ['a,b'], ['a;p=1'],
     ['a"b'], ['é'], ['a\x01']]) {
     assert.ok('error' in parseIdempotencyKey(bad), JSON.stringify(bad));
   }

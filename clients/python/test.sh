@@ -58,14 +58,21 @@ fi
 
 cleanup() {
     pgbouncer_stop "$dir/bouncer"
+    cluster_stop "$dir/outage"
     cluster_stop "$dir"
 }
 trap cleanup EXIT
 echo "== PostgreSQL $PG_MAJOR on port $port, PgBouncer on $bouncer_port ($dir)"
+cluster_stop "$dir/outage"  # one a run that was killed left behind
 cluster_fresh "$dir" "$port" || give_up "the cluster did not start"
 pgbouncer_start "$dir/bouncer" "$bouncer_port" "$port" "prep_check = host=127.0.0.1 port=$port dbname=idem_py" ||
     give_up "pgbouncer did not start"
 echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
+# A second cluster, on its unix socket only, that tests/test_outage.py stops and starts again
+# under the demo apps (the database unavailable, then back).
+cluster_start "$dir/outage" "$port" "listen_addresses = ''" || give_up "the outage cluster did not start"
+export IDEM_PY_OUTAGE_DIR="$dir/outage" IDEM_PY_PGBIN="$PGBIN"
+export IDEM_PY_OUTAGE_URL="postgresql://postgres@/postgres?host=$dir/outage/socket&port=$port"
 
 export IDEM_PY_DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
 export IDEM_PY_PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres"

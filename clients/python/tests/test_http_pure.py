@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+import psycopg
 import pytest
 
 from pg_idempotency import Claim, Outcome, Refused, RoutePolicy, parse_key
-from pg_idempotency.http import (ENCODING_MARK, answer_without_work, body_to_send, body_to_store, storable,
-                                 stored_answer)
+from pg_idempotency.http import (ENCODING_MARK, REFUSED_STATUSES, answer_without_work, body_to_send, body_to_store,
+                                 storable, stored_answer)
 from pg_idempotency.routes import RouteTable
 
 
@@ -60,8 +61,10 @@ def test_storable_keeps_allow_listed_headers_and_the_mark():
 
 def test_which_statuses_are_stored():
     p = RoutePolicy()
-    assert p.stores(201) and p.stores(402) and p.stores(409) and p.stores(422)
+    assert p.stores(201) and p.stores(402) and p.stores(409)
     assert not p.stores(400) and not p.stores(401) and not p.stores(500) and not p.stores(503)
+    assert not p.stores(422)  # a body that fails validation leaves the key free
+    assert RoutePolicy(refused_statuses=REFUSED_STATUSES - {422}).stores(422)
     assert RoutePolicy(store_5xx=True).stores(500)
 
 
@@ -94,3 +97,26 @@ def test_answers_without_work():
     assert gone.status == 410 and ("Content-Type", "application/problem+json") in gone.headers
     with pytest.raises(ValueError):
         answer_without_work(claim_of(Outcome.CLAIMED))
+
+
+def test_which_database_errors_mean_unavailable():
+    from psycopg import errors as pe
+    from psycopg_pool import PoolTimeout
+
+    from pg_idempotency.errors import unavailable
+    from pg_idempotency.http import failure_answer
+
+    for down in (psycopg.OperationalError("connection refused"), PoolTimeout("no connection in 5 s"),
+                 pe.AdminShutdown(), pe.CannotConnectNow(), pe.TooManyConnections(), pe.ConnectionFailure(),
+                 psycopg.InterfaceError("the connection is closed")):
+        assert unavailable(down), down
+        answer = failure_answer(down, handler_ran=False)
+        assert answer.status == 503 and ("Retry-After", "1") in answer.headers
+        assert json.loads(answer.body)["type"] == "urn:pg-idempotency:problem:service-unavailable"
+        assert failure_answer(down, handler_ran=True).status == 500  # work may have been done
+    wrapped = RuntimeError("django.db.utils.OperationalError")
+    wrapped.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert unavailable(wrapped)
+    for other in (pe.LockNotAvailable(), pe.QueryCanceled(), pe.UniqueViolation(), ValueError("x")):
+        assert not unavailable(other), other
+        assert failure_answer(other, handler_ran=False).status == 500

@@ -101,10 +101,15 @@ class IdempotencyMiddleware:
         body = await read_body(receive)
         idem_scope = self.scope_function(tenant, scope["method"], template)
         fingerprint = fingerprint_body(body, policy.ignore_fields)
-        if policy.mode == COMMITTED_FIRST:
-            answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy)
-        else:
-            answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy)
+        progress = _Progress()
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy, progress)
+            else:
+                answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy, progress)
+        except Exception as e:
+            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            answer = http.failure_answer(e, progress.handler_ran)
         await write(send, answer)
 
     async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
@@ -132,25 +137,23 @@ class IdempotencyMiddleware:
             return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
 
     async def same_transaction(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
-                               policy: RoutePolicy) -> Answer:
-        async with self.pool.connection() as conn:
-            try:
-                async with conn.transaction():
-                    return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy)
-            except _RolledBack as r:
-                return r.answer
-            except (IdempotencyError, psycopg.Error) as e:
-                log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-                return http.contract_problem("internal-error")
+                               policy: RoutePolicy, progress: _Progress) -> Answer:
+        """Errors (the database unreachable, a failed completion) raise to __call__."""
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy, progress)
+        except _RolledBack as r:
+            return r.answer
 
     async def in_transaction(self, conn: psycopg.AsyncConnection, scope: Scope, body: bytes, idem_scope: str,
-                             key: str, fingerprint: str, policy: RoutePolicy) -> Answer:
+                             key: str, fingerprint: str, policy: RoutePolicy, progress: _Progress) -> Answer:
         """Claim, handler and stored response in the open transaction; raises _RolledBack
         for answers that are not stored."""
         claim = await self.claim(conn, idem_scope, key, fingerprint, policy)
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, conn)
+        progress.handler_ran = True
         try:
             status, headers, out = await run_app(self.app, scope, body, ctx)
         except Exception:
@@ -165,7 +168,7 @@ class IdempotencyMiddleware:
         return first_answer(status, headers, stored, sent)
 
     async def committed_first(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
-                              policy: RoutePolicy) -> Answer:
+                              policy: RoutePolicy, progress: _Progress) -> Answer:
         try:
             claim = await self.claim_committed(idem_scope, key, fingerprint, policy)
         except (IdempotencyError, psycopg.Error) as e:
@@ -174,6 +177,7 @@ class IdempotencyMiddleware:
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, None)
+        progress.handler_ran = True
         renewer = asyncio.create_task(keep_lease(ctx))
         try:
             status, headers, out = await run_app(self.app, scope, body, ctx)
@@ -214,6 +218,13 @@ class IdempotencyMiddleware:
 class _RolledBack(Exception):
     def __init__(self, answer: Answer):
         self.answer = answer
+
+
+class _Progress:
+    """How far one request got: whether its handler was started (after which an error is a
+    500, never a 503 "nothing was done")."""
+
+    handler_ran = False
 
 
 def first_answer(status: int, headers: list[tuple[str, str]], stored: dict[str, str], sent: str | None) -> Answer:
@@ -276,6 +287,20 @@ async def run_app(app: Callable[..., Awaitable[None]], scope: Scope, body: bytes
     app_scope["state"] = {**scope.get("state", {}), "idempotency": ctx}
     await app(app_scope, receive, send)
     return status, headers, b"".join(chunks)
+
+
+async def database_error_handler(request: Any, error: Exception) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """A Starlette / FastAPI exception handler for the routes the middleware does not protect:
+    `app.add_exception_handler(psycopg.OperationalError, database_error_handler)` answers 503
+    problem+json with Retry-After when the database could not be reached (else 500
+    problem+json), instead of a plain-text 500."""
+    answer = http.failure_answer(error, handler_ran=False)
+    log.error("%s: %s", "database unavailable" if answer.status == 503 else "database error", error)
+
+    async def respond(scope: Scope, receive: Receive, send: Send) -> None:
+        await write(send, answer)
+
+    return respond
 
 
 async def write(send: Send, answer: Answer) -> None:

@@ -30,7 +30,7 @@ from django.utils.module_loading import import_string
 from . import http
 from .client import Claim, Idempotency
 from .context import ClaimContext
-from .errors import IdempotencyError, NoLiveRecord, NotOwner
+from .errors import IdempotencyError, NoLiveRecord, NotOwner, unavailable
 from .fingerprint import fingerprint_body
 from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
 from .routes import RouteTable
@@ -142,15 +142,21 @@ class IdempotencyMiddleware:
             return to_response(r.answer)
         idem_scope = self.scope_function(tenant, request.method, template)
         fingerprint = fingerprint_body(request.body, policy.ignore_fields)
-        if policy.mode == COMMITTED_FIRST:
-            return self.committed_first(request, idem_scope, key, fingerprint, policy)
-        return self.same_transaction(request, idem_scope, key, fingerprint, policy)
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                return self.committed_first(request, idem_scope, key, fingerprint, policy)
+            return self.same_transaction(request, idem_scope, key, fingerprint, policy)
+        except Exception as e:
+            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return to_response(http.failure_answer(e, getattr(request, "idempotency", None) is not None))
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         """A protected view that raised answers 500 problem+json (not stored: the
-        transaction rolls back, or the committed-first key is released)."""
+        transaction rolls back, or the committed-first key is released). Any view (protected
+        or not) that raised because the database could not be reached answers 503
+        problem+json with Retry-After, not Django's HTML error page."""
         if getattr(request, "idempotency", None) is None:
-            return None
+            return to_response(http.failure_answer(exception, False)) if unavailable(exception) else None
         if isinstance(exception, NotOwner):
             log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
             return to_response(http.fenced_answer())
@@ -188,9 +194,6 @@ class IdempotencyMiddleware:
                     raise
         except _RolledBack as r:
             return r.response
-        except (IdempotencyError, psycopg.Error) as e:
-            log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-            return to_response(http.contract_problem("internal-error"))
 
     def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                        policy: RoutePolicy) -> HttpResponse:

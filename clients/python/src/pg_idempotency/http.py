@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 import http_sfv
 
 from .client import Claim, Outcome
+from .errors import unavailable
 
 MAX_KEY_CHARS = 255
 PROBLEM_TYPE = "application/problem+json"
@@ -24,8 +25,10 @@ COMMITTED_FIRST = "committed_first"
 Mode = Literal["same_transaction", "committed_first"]
 
 # Answers that mean "the request was refused before any work": not stored, the key is
-# released (committed first) or the transaction rolled back (same transaction).
-REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429})
+# released (committed first) or the transaction rolled back (same transaction), so the
+# corrected request runs with the same key. 422 is among them: it is what FastAPI/Pydantic
+# (and many APIs) answer to a body that fails validation, before the handler runs.
+REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429})
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,15 @@ def answer_without_work(claim: Claim) -> Answer:
 def fenced_answer() -> Answer:
     """A committed-first handler whose claim was taken over meanwhile: not a success."""
     return contract_problem("idempotency-key-superseded")
+
+
+def failure_answer(error: BaseException, handler_ran: bool) -> Answer:
+    """The answer to an error the middleware met: 503 (Retry-After: 1) when the database could
+    not be reached before the handler ran, since nothing was done and the same request can be
+    repeated; else 500, as "nothing was done" may then be untrue."""
+    if unavailable(error) and not handler_ran:
+        return contract_problem("service-unavailable")
+    return contract_problem("internal-error")
 
 
 def default_scope(tenant: str, method: str, route: str) -> str:

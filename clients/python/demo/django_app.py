@@ -128,7 +128,7 @@ def get_charge(request, charge_id):
         cur.execute(common.SELECT_CHARGE, (charge_id, tenant))
         row = cur.fetchone()
     if row is None:
-        return problem(Refused(404, "Not Found", "no such charge"))
+        return problem(Refused(status=404, detail="no such charge"))
     return JsonResponse(common.charge_json(*row))
 
 

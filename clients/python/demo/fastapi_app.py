@@ -96,7 +96,7 @@ def build(args) -> FastAPI:
         async with pool.connection() as conn:
             row = await (await conn.execute(common.SELECT_CHARGE, (charge_id, tenant))).fetchone()
         if row is None:
-            raise Refused(404, "Not Found", "no such charge")
+            raise Refused(status=404, detail="no such charge")
         return JSONResponse(common.charge_json(*row))
 
     return app

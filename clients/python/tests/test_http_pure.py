@@ -16,8 +16,9 @@ from pg_idempotency.routes import RouteTable
 
 @pytest.mark.parametrize("raw,key", [
     (b'"abc"', "abc"), (b"abc", "abc"), (b'"a\\"b\\\\c"', 'a"b\\c'), (b"  \"x y\"  ", "x y"),
-    (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"), (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
-    (b'"' + b"k" * 255 + b'"', "k" * 255),
+    (b"k-1001", "k-1001"), (b"12.5", "12.5"), (b"7", "7"), (b"Tok_1.x~!#$%&'*+^`|", "Tok_1.x~!#$%&'*+^`|"),
+    (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+    (b'"' + b"k" * 255 + b'"', "k" * 255), (b"k" * 255, "k" * 255), (b'"tok-1:a/b"', "tok-1:a/b"),
 ])
 def test_keys_accepted(raw, key):
     assert parse_key([raw]) == key
@@ -26,6 +27,8 @@ def test_keys_accepted(raw, key):
 @pytest.mark.parametrize("values", [
     [], [b'"a"', b'"b"'], [b'""'], [b""], [b'"' + b"k" * 256 + b'"'], [b"k" * 256], [b'"a\tb"'], [b'"abc'],
     [b'"abc";p=1'], [b'"a\\nb"'], [b"a b"], ['"café"'.encode()], [b'"a", "b"'], [b"?1"],
+    # bare values outside RFC 9110 tchar (the contract's grammar), sf-tokens and byte sequences included
+    [b"tok-1:a/b"], [b"a/b"], [b":aGk=:"], [b"abc;p=1"], [b"a,b"], [b'a"b'], [b"(x)"], [b"k@example"],
 ])
 def test_keys_refused_with_400(values):
     with pytest.raises(Refused) as e:
@@ -120,3 +123,15 @@ def test_which_database_errors_mean_unavailable():
     for other in (pe.LockNotAvailable(), pe.QueryCanceled(), pe.UniqueViolation(), ValueError("x")):
         assert not unavailable(other), other
         assert failure_answer(other, handler_ran=False).status == 500
+
+
+def test_refused_takes_keyword_arguments_and_defaults():
+    r = Refused(status=401, title="Unauthorized", detail="an API key is required",
+                headers={"WWW-Authenticate": 'ApiKey realm="x"'})
+    assert r.answer.status == 401 and ("WWW-Authenticate", 'ApiKey realm="x"') in r.answer.headers
+    assert json.loads(r.answer.body) == {"type": "about:blank", "title": "Unauthorized", "status": 401,
+                                         "detail": "an API key is required"}
+    short = Refused(401, "message")  # the positional form: status, title
+    assert json.loads(short.answer.body) == {"type": "about:blank", "title": "message", "status": 401}
+    assert json.loads(Refused(status=404).answer.body)["title"] == "Not Found"
+    assert ("X-A", "1") in Refused(400, headers=[("X-A", "1")]).answer.headers

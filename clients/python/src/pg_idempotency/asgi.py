@@ -51,8 +51,8 @@ class AsyncIdempotencyContext(ClaimContext):
     """What a protected handler gets: the claim, and (same transaction) the open
     connection `conn`, or (committed first) `step()` to run a side effect fenced and recorded."""
 
-    def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str,
-                 claim: Claim, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
+    def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str | None,
+                 claim: Claim | None, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
         super().__init__(scope, key, claim, policy)
         self.client, self.pool, self.conn = client, pool, conn
         self._lock = asyncio.Lock()
@@ -64,8 +64,9 @@ class AsyncIdempotencyContext(ClaimContext):
         effect back) and the side effect commit together."""
         async with self._lock, self.pool.connection() as conn, conn.transaction():
             yield conn
-            await self.client.checkpoint(conn, self.scope, self.key, self.token, recovery_point,  # type: ignore[arg-type]
-                                         recovery_data, self.policy.lease)
+            if self.key is not None:  # without a key (required=False) there is no record
+                await self.client.checkpoint(conn, self.scope, self.key, self.token,  # type: ignore[arg-type]
+                                             recovery_point, recovery_data, self.policy.lease)
         self.point, self.data = recovery_point, recovery_data
 
     async def renew(self) -> None:
@@ -93,13 +94,13 @@ class IdempotencyMiddleware:
         try:
             tenant = self.tenant(scope)
             values = [v for n, v in scope["headers"] if n == b"idempotency-key"]
-            if not values and not policy.required:
-                return await self.app(scope, receive, send)
-            key = http.parse_key(values)
+            key = http.parse_key(values) if values or policy.required else None
         except Refused as r:
             return await write(send, r.answer)
         body = await read_body(receive)
         idem_scope = self.scope_function(tenant, scope["method"], template)
+        if key is None:
+            return await write(send, await self.without_key(scope, body, idem_scope, policy))
         fingerprint = fingerprint_body(body, policy.ignore_fields)
         progress = _Progress()
         try:
@@ -111,6 +112,29 @@ class IdempotencyMiddleware:
             log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
             answer = http.failure_answer(e, progress.handler_ran)
         await write(send, answer)
+
+    async def without_key(self, scope: Scope, body: bytes, idem_scope: str, policy: RoutePolicy) -> Answer:
+        """required=False and no key: the handler runs unprotected but with the same handle
+        (same transaction: `conn` in a transaction that commits unless the answer is one that
+        would not be stored; committed first: `step()` without checkpoints)."""
+        progress = _Progress()
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, None, None, policy, None)
+                progress.handler_ran = True
+                return Answer(*await run_app(self.app, scope, body, ctx))
+            async with self.pool.connection() as conn, conn.transaction():
+                ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, None, None, policy, conn)
+                progress.handler_ran = True
+                answer = Answer(*await run_app(self.app, scope, body, ctx))
+                if not policy.stores(answer.status):
+                    raise _RolledBack(answer)
+                return answer
+        except _RolledBack as r:
+            return r.answer
+        except Exception as e:
+            log.error("%s without a key failed: %r", idem_scope, e, exc_info=e)
+            return http.failure_answer(e, progress.handler_ran)
 
     async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
                     policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
@@ -285,7 +309,10 @@ async def run_app(app: Callable[..., Awaitable[None]], scope: Scope, body: bytes
 
     app_scope = dict(scope)
     app_scope["state"] = {**scope.get("state", {}), "idempotency": ctx}
-    await app(app_scope, receive, send)
+    try:
+        await app(app_scope, receive, send)
+    except Refused as r:  # the handler's own problem answer
+        return r.answer.status, r.answer.headers, r.answer.body
     return status, headers, b"".join(chunks)
 
 

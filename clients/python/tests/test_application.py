@@ -21,13 +21,12 @@ from conftest import free_port, request
 APPS_DIR = Path(__file__).resolve().parent / "apps"
 
 
-@pytest.fixture(scope="module")
-def pydantic_app(db_url, log_dir):
+def start_app(target: str, db_url: str, log_dir):
     port = free_port()
-    log = open(log_dir / f"fastapi-orders-{port}.log", "ab")
+    log = open(log_dir / f"{target.split(':')[0]}-{port}.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--app-dir", str(APPS_DIR), "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", "fastapi_orders:app"],
+         "--log-level", "warning", target],
         stdout=log, stderr=log, env={**os.environ, "DATABASE_URL": db_url})
     deadline = time.monotonic() + 30
     while True:
@@ -38,6 +37,21 @@ def pydantic_app(db_url, log_dir):
                 break
         except OSError:
             time.sleep(0.1)
+    return port, proc, log
+
+
+@pytest.fixture(scope="module")
+def pydantic_app(db_url, log_dir):
+    port, proc, log = start_app("fastapi_orders:app", db_url, log_dir)
+    yield port
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def depends_app(db_url, log_dir):
+    port, proc, log = start_app("fastapi_depends:app", db_url, log_dir)
     yield port
     proc.terminate()
     proc.wait(10)
@@ -94,3 +108,26 @@ def test_key_optional_the_same_handle_with_or_without_a_key(pydantic_app, db_url
     again = post(pydantic_app, {"text": "keyed"}, key, tenant, "/notes")
     assert again.status == 201 and again.replayed and again.body == keyed.body, again
     assert count(db_url, "notes", tenant) == 2
+
+
+def test_depends_marks_the_route_and_hands_over_the_context(depends_app, db_url):
+    tenant, key = "t_" + uuid.uuid4().hex[:10], str(uuid.uuid4())
+    first = post(depends_app, {"name": "a", "note": "x"}, key, tenant, "/items/g1")
+    assert first.status == 201 and not first.replayed, first
+    assert first.json() == {"group": "g1", "name": "a", "key": key, "scope": f"{tenant}:POST /items/{{group}}"}
+    again = post(depends_app, {"name": "a", "note": "other"}, key, tenant, "/items/g1")  # note is ignored
+    assert again.status == 201 and again.replayed and again.body == first.body, again
+    assert post(depends_app, {"name": "b"}, key, tenant, "/items/g1").is_problem(422)  # another payload
+    assert count(db_url, "items", tenant) == 1
+    missing = request(depends_app, "POST", "/items/g1", {"name": "a"}, [("X-Api-Key", tenant)])
+    assert missing.is_problem(400), missing  # a marked route requires the key
+
+
+def test_depends_on_a_router_marks_its_routes_and_unmarked_routes_stay_free(depends_app):
+    tenant, key = "t_" + uuid.uuid4().hex[:10], str(uuid.uuid4())
+    for path in ("/v2/items", "/v3/things"):  # APIRouter(dependencies=...), include_router(dependencies=...)
+        first = post(depends_app, {"name": "a"}, key, tenant, path)
+        again = post(depends_app, {"name": "a"}, key, tenant, path)
+        assert first.status == 201 and not first.replayed and again.replayed and again.body == first.body, again
+    plain = request(depends_app, "POST", "/plain", {"name": "a"}, [("X-Api-Key", tenant)])
+    assert plain.status == 201 and not plain.replayed, plain

@@ -77,16 +77,21 @@ class AsyncIdempotencyContext(ClaimContext):
 
 class IdempotencyMiddleware:
     def __init__(self, app: Callable[..., Awaitable[None]], *, pool: AsyncConnectionPool,
-                 routes: Mapping[str, RoutePolicy],
+                 routes: Mapping[str, RoutePolicy] | Callable[[Any], Mapping[str, RoutePolicy]],
                  tenant: Callable[[Scope], str] = default_tenant,
                  scope_function: Callable[[str, str, str], str] = http.default_scope,
                  client: AsyncIdempotency | None = None):
         self.app, self.pool = app, pool
-        self.routes = RouteTable(routes)
+        # routes: the table, or a function reading it from the application (scope["app"]) at
+        # its first request, e.g. pg_idempotency.fastapi.idempotent_routes
+        self.routes_of = None if isinstance(routes, Mapping) else routes
+        self.routes = RouteTable(routes) if isinstance(routes, Mapping) else RouteTable({})
         self.tenant, self.scope_function = tenant, scope_function
         self.client = client or AsyncIdempotency()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.routes_of is not None and scope["type"] == "http":
+            self.routes, self.routes_of = RouteTable(self.routes_of(scope["app"])), None
         match = self.routes.match(scope["method"], scope["path"]) if scope["type"] == "http" else None
         if match is None:
             return await self.app(scope, receive, send)

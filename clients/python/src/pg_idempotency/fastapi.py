@@ -4,8 +4,10 @@ dependency that hands the handler its context, and the tenant from a Request.
     app.add_middleware(IdempotencyMiddleware, pool=pool, routes=idempotent_routes,
                        tenant=from_request(lambda request: request.headers["x-api-key"]))
 
+    ORDERS = Idempotent(RoutePolicy(ignore_fields=("note",)))
+
     @app.post("/orders", status_code=201)
-    async def create_order(order: Order, idem=Depends(Idempotent(RoutePolicy(ignore_fields=("note",))))):
+    async def create_order(order: Order, idem: Annotated[AsyncIdempotencyContext, Depends(ORDERS)]):
         await idem.conn.execute(...)
 
 The middleware still does the work (claim before the body is validated, the answer stored

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI
 from pydantic import BaseModel
 
 from pg_idempotency import RoutePolicy
-from pg_idempotency.asgi import IdempotencyMiddleware, make_pool
+from pg_idempotency.asgi import AsyncIdempotencyContext, IdempotencyMiddleware, make_pool
 from pg_idempotency.fastapi import Idempotent, from_request, idempotent_routes
 
 pool = make_pool(os.environ["DATABASE_URL"], min_size=1, max_size=4)
@@ -35,13 +36,16 @@ class Item(BaseModel):
     name: str
 
 
+ITEMS = Idempotent(RoutePolicy(ignore_fields=("note",)))
+
+
 @app.get("/healthz")
 async def healthz():
     return "ok"
 
 
 @app.post("/items/{group}", status_code=201)
-async def create_item(group: str, item: Item, idem=Depends(Idempotent(RoutePolicy(ignore_fields=("note",))))):
+async def create_item(group: str, item: Item, idem: Annotated[AsyncIdempotencyContext, Depends(ITEMS)]):
     await idem.conn.execute("INSERT INTO items VALUES (%s, %s)", (idem.scope.split(":")[0], item.name))
     return {"group": group, "name": item.name, "key": idem.key, "scope": idem.scope}
 

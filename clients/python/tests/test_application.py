@@ -21,13 +21,14 @@ from conftest import free_port, request
 APPS_DIR = Path(__file__).resolve().parent / "apps"
 
 
-def start_app(target: str, db_url: str, log_dir):
+def start_app(target: str, db_url: str, log_dir, server: str = "uvicorn"):
     port = free_port()
     log = open(log_dir / f"{target.split(':')[0]}-{port}.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--app-dir", str(APPS_DIR), "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", target],
-        stdout=log, stderr=log, env={**os.environ, "DATABASE_URL": db_url})
+    argv = {"uvicorn": ["uvicorn", "--app-dir", str(APPS_DIR), "--host", "127.0.0.1", "--port", str(port),
+                        "--log-level", "warning", target],
+            "gunicorn": ["gunicorn", "--chdir", str(APPS_DIR), "-b", f"127.0.0.1:{port}", "--threads", "4", target]}
+    proc = subprocess.Popen([sys.executable, "-m", *argv[server]], stdout=log, stderr=log,
+                            env={**os.environ, "DATABASE_URL": db_url})
     deadline = time.monotonic() + 30
     while True:
         assert proc.poll() is None, f"the app exited; see {log.name}"
@@ -47,6 +48,21 @@ def pydantic_app(db_url, log_dir):
     proc.terminate()
     proc.wait(10)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def drf_app(db_url, log_dir):
+    port, proc, log = start_app("django_drf:application", db_url, log_dir, "gunicorn")
+    yield port
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+@pytest.fixture(scope="module", params=["fastapi", "django-drf"])
+def user_app(request, pydantic_app, drf_app):
+    """The FastAPI app and the Django REST framework app: the same routes, /notes and /refusals."""
+    return pydantic_app if request.param == "fastapi" else drf_app
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +103,10 @@ def test_pydantic_422_leaves_the_key_free(pydantic_app, db_url, broken):
     assert orders(db_url, tenant) == 1
 
 
-def test_refused_from_a_handler_is_its_problem_and_leaves_the_key_free(pydantic_app, db_url):
+def test_refused_from_a_handler_is_its_problem_and_leaves_the_key_free(user_app, db_url):
     tenant, key = "t_" + uuid.uuid4().hex[:10], str(uuid.uuid4())
     for _ in range(2):
-        r = post(pydantic_app, {}, key, tenant, "/refusals")
+        r = post(user_app, {}, key, tenant, "/refusals")
         assert r.status == 403 and r.headers["content-type"] == "application/problem+json" and not r.replayed, r
         assert r.headers["x-reason"] == "tenant"
         assert r.json() == {"type": "about:blank", "title": "Forbidden", "status": 403, "detail": "not your account"}
@@ -99,13 +115,13 @@ def test_refused_from_a_handler_is_its_problem_and_leaves_the_key_free(pydantic_
         assert c.execute("SELECT count(*) FROM idempotency.keys WHERE key = %s", (key,)).fetchone()[0] == 0
 
 
-def test_key_optional_the_same_handle_with_or_without_a_key(pydantic_app, db_url):
+def test_key_optional_the_same_handle_with_or_without_a_key(user_app, db_url):
     tenant, key = "t_" + uuid.uuid4().hex[:10], str(uuid.uuid4())
-    bare = post(pydantic_app, {"text": "no key"}, None, tenant, "/notes")
+    bare = post(user_app, {"text": "no key"}, None, tenant, "/notes")
     assert bare.status == 201 and bare.json() == {"text": "no key", "key": None}, bare
-    keyed = post(pydantic_app, {"text": "keyed"}, key, tenant, "/notes")
+    keyed = post(user_app, {"text": "keyed"}, key, tenant, "/notes")
     assert keyed.status == 201 and keyed.json() == {"text": "keyed", "key": key} and not keyed.replayed, keyed
-    again = post(pydantic_app, {"text": "keyed"}, key, tenant, "/notes")
+    again = post(user_app, {"text": "keyed"}, key, tenant, "/notes")
     assert again.status == 201 and again.replayed and again.body == keyed.body, again
     assert count(db_url, "notes", tenant) == 2
 
@@ -131,3 +147,18 @@ def test_depends_on_a_router_marks_its_routes_and_unmarked_routes_stay_free(depe
         assert first.status == 201 and not first.replayed and again.replayed and again.body == first.body, again
     plain = request(depends_app, "POST", "/plain", {"name": "a"}, [("X-Api-Key", tenant)])
     assert plain.status == 201 and not plain.replayed, plain
+
+
+@pytest.mark.parametrize("broken", [{"item": "book"}, {"item": "book", "quantity": 0}, b'{"item": "bo'],
+                         ids=["missing field", "invalid field", "JSON parse error"])
+def test_drf_400_leaves_the_key_free(drf_app, db_url, broken):
+    tenant, key = "t_" + uuid.uuid4().hex[:10], str(uuid.uuid4())
+    first = post(drf_app, broken, key, tenant)
+    assert first.status == 400 and not first.replayed, first
+    again = post(drf_app, broken, key, tenant)
+    assert again.status == 400 and not again.replayed, again
+    good = post(drf_app, {"item": "book", "quantity": 2}, key, tenant)
+    assert good.status == 201 and not good.replayed and good.json() == {"item": "book", "quantity": 2}, good
+    replay = post(drf_app, {"item": "book", "quantity": 2}, key, tenant)
+    assert replay.status == 201 and replay.replayed and replay.body == good.body, replay
+    assert orders(db_url, tenant) == 1

@@ -7,7 +7,9 @@
 #      pooling) in front of it
 #   3. pytest: the client and the fingerprint against the real extension, the FastAPI
 #      (uvicorn) and Django (gunicorn) demo apps as real servers over real HTTP, directly and
-#      through PgBouncer
+#      through PgBouncer; a second cluster stopped and started under them (503 while down);
+#      README.md's install block run as it is in a fresh venv (from PyPI, pinned through
+#      PIP_CONSTRAINT; IDEM_PY_SKIP_README=1 skips it) and README's first app against the database
 # Last line: "python-client: N passed, M failed" (from pytest's junit report; skipped tests are
 # listed with their reason and not counted as passed). Exit code non-zero on any failure.
 #   IDEM_PY_PORT (default: tests/lib.sh's "python" port; PgBouncer on +1), IDEM_PY_DIR,
@@ -35,14 +37,14 @@ py=$venv/bin/python
 stamp=$venv/.constraints.sha
 want=$(sha256sum "$here/constraints.txt" "$here/pyproject.toml" | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" build setuptools wheel \
+    "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" build hatchling \
         || give_up "pip install (build tools) failed"
 fi
-echo "== python -m build"
-rm -rf "$here/dist"
-(cd "$here" && "$py" -m build --no-isolation --outdir dist . >"$dir.build.log" 2>&1) ||
+echo "== python -m build (into $dir.dist, out of the source tree)"
+rm -rf "$dir.dist"
+"$py" -m build --no-isolation --outdir "$dir.dist" "$here" >"$dir.build.log" 2>&1 ||
     { cat "$dir.build.log"; give_up "python -m build failed"; }
-wheel=$(ls "$here"/dist/pg_idempotency-*.whl)
+wheel=$(ls "$dir.dist"/pg_idempotency-*.whl)
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel" || give_up "installing the wheel failed"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$py" -m pip install -q --disable-pip-version-check -c "$here/constraints.txt" "${wheel}[test]" \
@@ -58,14 +60,21 @@ fi
 
 cleanup() {
     pgbouncer_stop "$dir/bouncer"
+    cluster_stop "$dir/outage"
     cluster_stop "$dir"
 }
 trap cleanup EXIT
 echo "== PostgreSQL $PG_MAJOR on port $port, PgBouncer on $bouncer_port ($dir)"
+cluster_stop "$dir/outage"  # one a run that was killed left behind
 cluster_fresh "$dir" "$port" "$LISTEN_TCP" || give_up "the cluster did not start"
 pgbouncer_start "$dir/bouncer" "$bouncer_port" "$port" "prep_check = host=127.0.0.1 port=$port dbname=idem_py" ||
     give_up "pgbouncer did not start"
 echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
+# A second cluster, on its unix socket only, that tests/test_outage.py stops and starts again
+# under the demo apps (the database unavailable, then back).
+cluster_start "$dir/outage" "$port" "listen_addresses = ''" || give_up "the outage cluster did not start"
+export IDEM_PY_OUTAGE_DIR="$dir/outage" IDEM_PY_PGBIN="$PGBIN"
+export IDEM_PY_OUTAGE_URL="postgresql://postgres@/postgres?host=$dir/outage/socket&port=$port"
 
 export IDEM_PY_DATABASE_URL="postgresql://postgres@127.0.0.1:$port/postgres"
 export IDEM_PY_PGBOUNCER_URL="postgresql://postgres@127.0.0.1:$bouncer_port/postgres"

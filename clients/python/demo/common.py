@@ -49,8 +49,8 @@ def policies(lease_ms: int) -> dict[str, RoutePolicy]:
 
 def tenant_from(api_key: str | None) -> str:
     if not api_key:
-        raise Refused(401, "Unauthorized", "the X-Api-Key header (your tenant) is required",
-                      [("WWW-Authenticate", 'ApiKey realm="charges"')])
+        raise Refused(status=401, title="Unauthorized", detail="the X-Api-Key header (your tenant) is required",
+                      headers={"WWW-Authenticate": 'ApiKey realm="charges"'})
     return api_key
 
 
@@ -59,12 +59,12 @@ def parse_charge(body: bytes) -> tuple[int, str]:
     try:
         data = json.loads(body)
     except ValueError:
-        raise Refused(400, "Bad Request", "the body must be JSON") from None
+        raise Refused(status=400, detail="the body must be JSON") from None
     ok = (isinstance(data, dict) and set(data) == {"amount", "currency"}
           and type(data["amount"]) is int and data["amount"] > 0
           and isinstance(data["currency"], str) and 0 < len(data["currency"]) <= 16)
     if not ok:
-        raise Refused(400, "Bad Request", 'the body must be {"amount": <integer > 0>, "currency": <string>}')
+        raise Refused(status=400, detail='the body must be {"amount": <integer > 0>, "currency": <string>}')
     return data["amount"], data["currency"]
 
 

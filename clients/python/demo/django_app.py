@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import time
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,10 +17,14 @@ ARGS = None
 
 
 def database_settings(url: str) -> dict:
+    """Django's DATABASES entry from a libpq URL (?host=/socket/dir&port=N as libpq reads them)."""
     u = urlsplit(url)
+    query = parse_qs(u.query)
+    host = query.get("host", [u.hostname or ""])[0]
+    port = query.get("port", [str(u.port or "")])[0]
     return {"ENGINE": "django.db.backends.postgresql", "NAME": unquote(u.path.lstrip("/")) or "postgres",
             "USER": unquote(u.username or ""), "PASSWORD": unquote(u.password or ""),
-            "HOST": u.hostname or "", "PORT": str(u.port or ""), "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}
+            "HOST": host, "PORT": port, "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}
 
 
 def configure(args) -> None:
@@ -124,7 +128,7 @@ def get_charge(request, charge_id):
         cur.execute(common.SELECT_CHARGE, (charge_id, tenant))
         row = cur.fetchone()
     if row is None:
-        return problem(Refused(404, "Not Found", "no such charge"))
+        return problem(Refused(status=404, detail="no such charge"))
     return JsonResponse(common.charge_json(*row))
 
 

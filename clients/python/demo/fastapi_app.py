@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa:
 
 import common  # noqa: E402
 from pg_idempotency import Refused  # noqa: E402
-from pg_idempotency.asgi import IdempotencyMiddleware, make_pool  # noqa: E402
+import psycopg  # noqa: E402
+from pg_idempotency.asgi import IdempotencyMiddleware, database_error_handler, make_pool  # noqa: E402
 
 
 def problem_response(r: Refused) -> Response:
@@ -30,7 +31,8 @@ def created(charge_id: str, amount: int, currency: str) -> Response:
 
 
 def build(args) -> FastAPI:
-    pool = make_pool(args.database_url, min_size=2, max_size=20)
+    # timeout: how long a request waits for a connection before its 503 while the database is away
+    pool = make_pool(args.database_url, min_size=2, max_size=20, timeout=5)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -41,6 +43,7 @@ def build(args) -> FastAPI:
         await pool.close()
 
     app = FastAPI(lifespan=lifespan)
+    app.add_exception_handler(psycopg.OperationalError, database_error_handler)  # unprotected routes
     app.add_middleware(IdempotencyMiddleware, pool=pool, routes=common.policies(args.lease_ms),
                        tenant=lambda scope: common.tenant_from(header(scope, b"x-api-key")))
 
@@ -93,7 +96,7 @@ def build(args) -> FastAPI:
         async with pool.connection() as conn:
             row = await (await conn.execute(common.SELECT_CHARGE, (charge_id, tenant))).fetchone()
         if row is None:
-            raise Refused(404, "Not Found", "no such charge")
+            raise Refused(status=404, detail="no such charge")
         return JSONResponse(common.charge_json(*row))
 
     return app

@@ -106,9 +106,13 @@ def test_duplicated_key_field_400(app, route, db_url):
 
 def test_quoted_and_bare_key_are_one_key_and_255_chars_work(app, db_url):
     t = tenant()
-    r1 = app.post("/charges", AMOUNT, '"tok-1:a/b"', t)
-    r2 = app.post("/charges", AMOUNT, "tok-1:a/b", t)
+    r1 = app.post("/charges", AMOUNT, '"k-1001"', t)
+    r2 = app.post("/charges", AMOUNT, "k-1001", t)
     assert r1.status == 201 and not r1.replayed and r2.status == 201 and r2.replayed and r1.body == r2.body
+    assert app.post("/charges", AMOUNT, "tok 1", t).is_problem(400)  # bare: an sf-token's characters only
+    bare = app.post("/charges", AMOUNT, "tok-1:a/b", t)
+    quoted = app.post("/charges", AMOUNT, '"tok-1:a/b"', t)
+    assert bare.status == 201 and not bare.replayed and quoted.status == 201 and quoted.replayed
     r3 = app.post("/charges", AMOUNT, '"' + "k" * 255 + '"', t)
     assert r3.status == 201 and not r3.replayed
     r4 = app.post("/charges", AMOUNT, str(uuid.uuid4()), t)  # a bare UUID (may start with a digit)

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import json
 
+import psycopg
 import pytest
 
 from pg_idempotency import Claim, Outcome, Refused, RoutePolicy, parse_key
-from pg_idempotency.http import (ENCODING_MARK, answer_without_work, body_to_send, body_to_store, storable,
-                                 stored_answer)
+from pg_idempotency.http import (ENCODING_MARK, REFUSED_STATUSES, answer_without_work, body_to_send, body_to_store,
+                                 storable, stored_answer)
 from pg_idempotency.routes import RouteTable
 
 
 @pytest.mark.parametrize("raw,key", [
     (b'"abc"', "abc"), (b"abc", "abc"), (b'"a\\"b\\\\c"', 'a"b\\c'), (b"  \"x y\"  ", "x y"),
-    (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"),
+    (b"k-1001", "k-1001"), (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"), (b"7", "7"), (b"Tok_1.x~!#$%&'*+^`|", "Tok_1.x~!#$%&'*+^`|"),
     (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
-    (b'"' + b"k" * 255 + b'"', "k" * 255),
+    (b'"' + b"k" * 255 + b'"', "k" * 255), (b"k" * 255, "k" * 255), (b'"tok-1:a/b"', "tok-1:a/b"),
 ])
 def test_keys_accepted(raw, key):
     assert parse_key([raw]) == key
@@ -26,6 +27,8 @@ def test_keys_accepted(raw, key):
 @pytest.mark.parametrize("values", [
     [], [b'"a"', b'"b"'], [b'""'], [b""], [b'"' + b"k" * 256 + b'"'], [b"k" * 256], [b'"a\tb"'], [b'"abc'],
     [b'"abc";p=1'], [b'"a\\nb"'], [b"a b"], ['"café"'.encode()], [b'"a", "b"'], [b"?1"],
+    # bare values outside RFC 9110 tchar (the contract's grammar), sf-tokens and byte sequences included
+    [b":aGk=:"], [b"abc;p=1"], [b"a,b"], [b'a"b'], [b"(x)"], [b"k@example"],
 ])
 def test_keys_refused_with_400(values):
     with pytest.raises(Refused) as e:
@@ -63,8 +66,10 @@ def test_storable_keeps_allow_listed_headers_and_the_mark():
 
 def test_which_statuses_are_stored():
     p = RoutePolicy()
-    assert p.stores(201) and p.stores(402) and p.stores(409) and p.stores(422)
+    assert p.stores(201) and p.stores(402) and p.stores(409)
     assert not p.stores(400) and not p.stores(401) and not p.stores(500) and not p.stores(503)
+    assert not p.stores(422)  # a body that fails validation leaves the key free
+    assert RoutePolicy(refused_statuses=REFUSED_STATUSES - {422}).stores(422)
     assert RoutePolicy(store_5xx=True).stores(500)
 
 
@@ -97,3 +102,38 @@ def test_answers_without_work():
     assert gone.status == 410 and ("Content-Type", "application/problem+json") in gone.headers
     with pytest.raises(ValueError):
         answer_without_work(claim_of(Outcome.CLAIMED))
+
+
+def test_which_database_errors_mean_unavailable():
+    from psycopg import errors as pe
+    from psycopg_pool import PoolTimeout
+
+    from pg_idempotency.errors import unavailable
+    from pg_idempotency.http import failure_answer
+
+    for down in (psycopg.OperationalError("connection refused"), PoolTimeout("no connection in 5 s"),
+                 pe.AdminShutdown(), pe.CannotConnectNow(), pe.TooManyConnections(), pe.ConnectionFailure(),
+                 psycopg.InterfaceError("the connection is closed")):
+        assert unavailable(down), down
+        answer = failure_answer(down, handler_ran=False)
+        assert answer.status == 503 and ("Retry-After", "1") in answer.headers
+        assert json.loads(answer.body)["type"] == "urn:pg-idempotency:problem:service-unavailable"
+        assert failure_answer(down, handler_ran=True).status == 500  # work may have been done
+    wrapped = RuntimeError("django.db.utils.OperationalError")
+    wrapped.__cause__ = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert unavailable(wrapped)
+    for other in (pe.LockNotAvailable(), pe.QueryCanceled(), pe.UniqueViolation(), ValueError("x")):
+        assert not unavailable(other), other
+        assert failure_answer(other, handler_ran=False).status == 500
+
+
+def test_refused_takes_keyword_arguments_and_defaults():
+    r = Refused(status=401, title="Unauthorized", detail="an API key is required",
+                headers={"WWW-Authenticate": 'ApiKey realm="x"'})
+    assert r.answer.status == 401 and ("WWW-Authenticate", 'ApiKey realm="x"') in r.answer.headers
+    assert json.loads(r.answer.body) == {"type": "about:blank", "title": "Unauthorized", "status": 401,
+                                         "detail": "an API key is required"}
+    short = Refused(401, "message")  # the positional form: status, title
+    assert json.loads(short.answer.body) == {"type": "about:blank", "title": "message", "status": 401}
+    assert json.loads(Refused(status=404).answer.body)["title"] == "Not Found"
+    assert ("X-A", "1") in Refused(400, headers=[("X-A", "1")]).answer.headers

@@ -51,8 +51,8 @@ class AsyncIdempotencyContext(ClaimContext):
     """What a protected handler gets: the claim, and (same transaction) the open
     connection `conn`, or (committed first) `step()` to run a side effect fenced and recorded."""
 
-    def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str,
-                 claim: Claim, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
+    def __init__(self, client: AsyncIdempotency, pool: AsyncConnectionPool, scope: str, key: str | None,
+                 claim: Claim | None, policy: RoutePolicy, conn: psycopg.AsyncConnection | None):
         super().__init__(scope, key, claim, policy)
         self.client, self.pool, self.conn = client, pool, conn
         self._lock = asyncio.Lock()
@@ -64,8 +64,9 @@ class AsyncIdempotencyContext(ClaimContext):
         effect back) and the side effect commit together."""
         async with self._lock, self.pool.connection() as conn, conn.transaction():
             yield conn
-            await self.client.checkpoint(conn, self.scope, self.key, self.token, recovery_point,  # type: ignore[arg-type]
-                                         recovery_data, self.policy.lease)
+            if self.key is not None:  # without a key (required=False) there is no record
+                await self.client.checkpoint(conn, self.scope, self.key, self.token,  # type: ignore[arg-type]
+                                             recovery_point, recovery_data, self.policy.lease)
         self.point, self.data = recovery_point, recovery_data
 
     async def renew(self) -> None:
@@ -76,16 +77,21 @@ class AsyncIdempotencyContext(ClaimContext):
 
 class IdempotencyMiddleware:
     def __init__(self, app: Callable[..., Awaitable[None]], *, pool: AsyncConnectionPool,
-                 routes: Mapping[str, RoutePolicy],
+                 routes: Mapping[str, RoutePolicy] | Callable[[Any], Mapping[str, RoutePolicy]],
                  tenant: Callable[[Scope], str] = default_tenant,
                  scope_function: Callable[[str, str, str], str] = http.default_scope,
                  client: AsyncIdempotency | None = None):
         self.app, self.pool = app, pool
-        self.routes = RouteTable(routes)
+        # routes: the table, or a function reading it from the application (scope["app"]) at
+        # its first request, e.g. pg_idempotency.fastapi.idempotent_routes
+        self.routes_of = None if isinstance(routes, Mapping) else routes
+        self.routes = RouteTable(routes) if isinstance(routes, Mapping) else RouteTable({})
         self.tenant, self.scope_function = tenant, scope_function
         self.client = client or AsyncIdempotency()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.routes_of is not None and scope["type"] == "http":
+            self.routes, self.routes_of = RouteTable(self.routes_of(scope["app"])), None
         match = self.routes.match(scope["method"], scope["path"]) if scope["type"] == "http" else None
         if match is None:
             return await self.app(scope, receive, send)
@@ -93,19 +99,47 @@ class IdempotencyMiddleware:
         try:
             tenant = self.tenant(scope)
             values = [v for n, v in scope["headers"] if n == b"idempotency-key"]
-            if not values and not policy.required:
-                return await self.app(scope, receive, send)
-            key = http.parse_key(values)
+            key = http.parse_key(values) if values or policy.required else None
         except Refused as r:
             return await write(send, r.answer)
         body = await read_body(receive)
         idem_scope = self.scope_function(tenant, scope["method"], template)
+        if key is None:
+            return await write(send, await self.without_key(scope, body, idem_scope, policy))
         fingerprint = fingerprint_body(body, policy.ignore_fields)
-        if policy.mode == COMMITTED_FIRST:
-            answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy)
-        else:
-            answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy)
+        progress = _Progress()
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy, progress)
+            else:
+                answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy, progress)
+        except Exception as e:
+            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            answer = http.failure_answer(e, progress.handler_ran)
         await write(send, answer)
+
+    async def without_key(self, scope: Scope, body: bytes, idem_scope: str, policy: RoutePolicy) -> Answer:
+        """required=False and no key: the handler runs unprotected but with the same handle
+        (same transaction: `conn` in a transaction that commits unless the answer is one that
+        would not be stored; committed first: `step()` without checkpoints)."""
+        progress = _Progress()
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, None, None, policy, None)
+                progress.handler_ran = True
+                return Answer(*await run_app(self.app, scope, body, ctx))
+            async with self.pool.connection() as conn, conn.transaction():
+                ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, None, None, policy, conn)
+                progress.handler_ran = True
+                answer = Answer(*await run_app(self.app, scope, body, ctx))
+                if not policy.stores(answer.status):
+                    raise _RolledBack(answer)
+                return answer
+        except _RolledBack as r:
+            return r.answer
+        except Exception as e:
+            log.error("%s without a key failed: %r", idem_scope, e, exc_info=e)
+            return http.failure_answer(e, progress.handler_ran)
 
     async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
                     policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
@@ -132,25 +166,23 @@ class IdempotencyMiddleware:
             return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
 
     async def same_transaction(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
-                               policy: RoutePolicy) -> Answer:
-        async with self.pool.connection() as conn:
-            try:
-                async with conn.transaction():
-                    return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy)
-            except _RolledBack as r:
-                return r.answer
-            except (IdempotencyError, psycopg.Error) as e:
-                log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-                return http.contract_problem("internal-error")
+                               policy: RoutePolicy, progress: _Progress) -> Answer:
+        """Errors (the database unreachable, a failed completion) raise to __call__."""
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy, progress)
+        except _RolledBack as r:
+            return r.answer
 
     async def in_transaction(self, conn: psycopg.AsyncConnection, scope: Scope, body: bytes, idem_scope: str,
-                             key: str, fingerprint: str, policy: RoutePolicy) -> Answer:
+                             key: str, fingerprint: str, policy: RoutePolicy, progress: _Progress) -> Answer:
         """Claim, handler and stored response in the open transaction; raises _RolledBack
         for answers that are not stored."""
         claim = await self.claim(conn, idem_scope, key, fingerprint, policy)
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, conn)
+        progress.handler_ran = True
         try:
             status, headers, out = await run_app(self.app, scope, body, ctx)
         except Exception:
@@ -165,7 +197,7 @@ class IdempotencyMiddleware:
         return first_answer(status, headers, stored, sent)
 
     async def committed_first(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
-                              policy: RoutePolicy) -> Answer:
+                              policy: RoutePolicy, progress: _Progress) -> Answer:
         try:
             claim = await self.claim_committed(idem_scope, key, fingerprint, policy)
         except (IdempotencyError, psycopg.Error) as e:
@@ -174,6 +206,7 @@ class IdempotencyMiddleware:
         if not claim.owned:
             return http.answer_without_work(claim)
         ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, None)
+        progress.handler_ran = True
         renewer = asyncio.create_task(keep_lease(ctx))
         try:
             status, headers, out = await run_app(self.app, scope, body, ctx)
@@ -214,6 +247,13 @@ class IdempotencyMiddleware:
 class _RolledBack(Exception):
     def __init__(self, answer: Answer):
         self.answer = answer
+
+
+class _Progress:
+    """How far one request got: whether its handler was started (after which an error is a
+    500, never a 503 "nothing was done")."""
+
+    handler_ran = False
 
 
 def first_answer(status: int, headers: list[tuple[str, str]], stored: dict[str, str], sent: str | None) -> Answer:
@@ -274,8 +314,25 @@ async def run_app(app: Callable[..., Awaitable[None]], scope: Scope, body: bytes
 
     app_scope = dict(scope)
     app_scope["state"] = {**scope.get("state", {}), "idempotency": ctx}
-    await app(app_scope, receive, send)
+    try:
+        await app(app_scope, receive, send)
+    except Refused as r:  # the handler's own problem answer
+        return r.answer.status, r.answer.headers, r.answer.body
     return status, headers, b"".join(chunks)
+
+
+async def database_error_handler(request: Any, error: Exception) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """A Starlette / FastAPI exception handler for the routes the middleware does not protect:
+    `app.add_exception_handler(psycopg.OperationalError, database_error_handler)` answers 503
+    problem+json with Retry-After when the database could not be reached (else 500
+    problem+json), instead of a plain-text 500."""
+    answer = http.failure_answer(error, handler_ran=False)
+    log.error("%s: %s", "database unavailable" if answer.status == 503 else "database error", error)
+
+    async def respond(scope: Scope, receive: Receive, send: Send) -> None:
+        await write(send, answer)
+
+    return respond
 
 
 async def write(send: Send, answer: Answer) -> None:

@@ -16,18 +16,21 @@ LEASE_ONLY = "lease-renewed"
 class ClaimContext:
     """`point` / `data`: the last recovery point recorded (by this handler's steps, or by a
     previous owner when the claim was `reclaimed`); None when nothing was done yet.
-    `lost`: a lease renewal found the claim taken over."""
+    `lost`: a lease renewal found the claim taken over. On a route with `required=False`
+    a request without a key gets a context too, with `key`, `claim`, `token` and `outcome`
+    None: the same database handle (`conn` / `step()`), no record."""
 
-    def __init__(self, scope: str, key: str, claim: Claim, policy: RoutePolicy):
+    def __init__(self, scope: str, key: str | None, claim: Claim | None, policy: RoutePolicy):
         self.scope, self.key, self.claim, self.policy = scope, key, claim, policy
-        self.token = claim.token
-        self.point: str | None = None if claim.recovery_point == LEASE_ONLY else claim.recovery_point
-        self.data: Any = claim.recovery_data
+        self.token = claim.token if claim else None
+        point = claim.recovery_point if claim else None
+        self.point: str | None = None if point == LEASE_ONLY else point
+        self.data: Any = claim.recovery_data if claim else None
         self.lost = False
 
     @property
-    def outcome(self) -> Outcome:
-        return self.claim.outcome
+    def outcome(self) -> Outcome | None:
+        return self.claim.outcome if self.claim else None
 
     def renewal_point(self) -> str:
         return self.point or LEASE_ONLY

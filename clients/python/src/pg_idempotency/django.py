@@ -30,7 +30,7 @@ from django.utils.module_loading import import_string
 from . import http
 from .client import Claim, Idempotency
 from .context import ClaimContext
-from .errors import IdempotencyError, NoLiveRecord, NotOwner
+from .errors import IdempotencyError, NoLiveRecord, NotOwner, unavailable
 from .fingerprint import fingerprint_body
 from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
 from .routes import RouteTable
@@ -53,7 +53,8 @@ class IdempotencyContext(ClaimContext):
     """What a protected view gets: the claim, and for committed-first routes `step()` to
     run a side effect fenced and recorded."""
 
-    def __init__(self, client: Idempotency, alias: str, scope: str, key: str, claim: Claim, policy: RoutePolicy):
+    def __init__(self, client: Idempotency, alias: str, scope: str, key: str | None, claim: Claim | None,
+                 policy: RoutePolicy):
         super().__init__(scope, key, claim, policy)
         self.client, self.alias = client, alias
         self._lock = threading.Lock()
@@ -64,8 +65,9 @@ class IdempotencyContext(ClaimContext):
         commits together with its checkpoint; NotOwner (taken over) rolls it back."""
         with self._lock, transaction.atomic(using=self.alias):
             yield
-            self.client.checkpoint(raw_connection(self.alias), self.scope, self.key, self.token,  # type: ignore[arg-type]
-                                   recovery_point, recovery_data, self.policy.lease)
+            if self.key is not None:  # without a key (required=False) there is no record
+                self.client.checkpoint(raw_connection(self.alias), self.scope, self.key,  # type: ignore[arg-type]
+                                       self.token, recovery_point, recovery_data, self.policy.lease)
         self.point, self.data = recovery_point, recovery_data
 
     def renew(self) -> None:
@@ -134,23 +136,51 @@ class IdempotencyMiddleware:
         try:
             tenant = self.tenant(request)
             raw = request.META.get("HTTP_IDEMPOTENCY_KEY")
-            if raw is None and not policy.required:
-                return self.get_response(request)
             # WSGI joins repeated header lines with "," (which no valid key holds).
-            key = http.parse_key([] if raw is None else [raw.encode("latin-1")])
+            key = http.parse_key([] if raw is None else [raw.encode("latin-1")]) \
+                if raw is not None or policy.required else None
         except Refused as r:
             return to_response(r.answer)
         idem_scope = self.scope_function(tenant, request.method, template)
+        if key is None:
+            return self.without_key(request, idem_scope, policy)
         fingerprint = fingerprint_body(request.body, policy.ignore_fields)
+        try:
+            if policy.mode == COMMITTED_FIRST:
+                return self.committed_first(request, idem_scope, key, fingerprint, policy)
+            return self.same_transaction(request, idem_scope, key, fingerprint, policy)
+        except Exception as e:
+            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            return to_response(http.failure_answer(e, getattr(request, "idempotency", None) is not None))
+
+    def without_key(self, request: HttpRequest, idem_scope: str, policy: RoutePolicy) -> HttpResponse:
+        """required=False and no key: the view runs unprotected with the same context (no
+        record); same-transaction routes in `transaction.atomic()`, rolled back when the
+        answer is one that would not be stored."""
+        request.idempotency = IdempotencyContext(self.client, self.alias, idem_scope, None, None, policy)  # type: ignore[attr-defined]
         if policy.mode == COMMITTED_FIRST:
-            return self.committed_first(request, idem_scope, key, fingerprint, policy)
-        return self.same_transaction(request, idem_scope, key, fingerprint, policy)
+            return self.get_response(request)
+        response = None
+        try:
+            with transaction.atomic(using=self.alias):
+                response = self.get_response(request)
+                if not policy.stores(response.status_code):
+                    transaction.set_rollback(True, using=self.alias)
+            return response
+        except Exception as e:
+            log.error("%s without a key failed: %r", idem_scope, e, exc_info=e)
+            return to_response(http.failure_answer(e, handler_ran=response is not None))
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        """A protected view that raised answers 500 problem+json (not stored: the
-        transaction rolls back, or the committed-first key is released)."""
+        """A view that raised Refused answers its problem. A protected view that raised
+        anything else answers 500 problem+json (not stored: the
+        transaction rolls back, or the committed-first key is released). Any view (protected
+        or not) that raised because the database could not be reached answers 503
+        problem+json with Retry-After, not Django's HTML error page."""
+        if isinstance(exception, Refused):  # the view's own problem answer
+            return to_response(exception.answer)
         if getattr(request, "idempotency", None) is None:
-            return None
+            return to_response(http.failure_answer(exception, False)) if unavailable(exception) else None
         if isinstance(exception, NotOwner):
             log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
             return to_response(http.fenced_answer())
@@ -188,9 +218,6 @@ class IdempotencyMiddleware:
                     raise
         except _RolledBack as r:
             return r.response
-        except (IdempotencyError, psycopg.Error) as e:
-            log.error("recording the answer failed (%s): %s", getattr(e, "sqlstate", None), e)
-            return to_response(http.contract_problem("internal-error"))
 
     def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                        policy: RoutePolicy) -> HttpResponse:

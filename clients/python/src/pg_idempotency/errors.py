@@ -94,6 +94,28 @@ BY_SQLSTATE: dict[str, type[IdempotencyError]] = {
 }
 
 
+# The server going away, shutting down, starting up or full: the request can be repeated later.
+UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def unavailable(error: BaseException | None) -> bool:
+    """Whether an error (or one it was raised from, as Django's database errors wrap
+    psycopg's) means the database could not be reached: a connection refused or reset, a pool
+    that gave no connection in time (psycopg_pool's PoolTimeout), a server shutting down,
+    starting up or out of connections. Then nothing was done, and 503 with Retry-After is the
+    answer."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, psycopg.OperationalError):
+            code = error.sqlstate
+            if code is None or code.startswith("08") or code in UNAVAILABLE_SQLSTATES:
+                return True
+        if isinstance(error, psycopg.InterfaceError):  # a connection already closed
+            return True
+        error, seen = error.__cause__, seen + 1
+    return False
+
+
 def translate(error: psycopg.Error) -> Exception:
     """The typed exception for a psycopg error, or the error itself when its SQLSTATE is
     not one of the extension's documented codes."""

@@ -9,11 +9,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
+from http import HTTPStatus
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import http_sfv
 
 from .client import Claim, Outcome
+from .errors import unavailable
 
 MAX_KEY_CHARS = 255
 PROBLEM_TYPE = "application/problem+json"
@@ -24,8 +26,10 @@ COMMITTED_FIRST = "committed_first"
 Mode = Literal["same_transaction", "committed_first"]
 
 # Answers that mean "the request was refused before any work": not stored, the key is
-# released (committed first) or the transaction rolled back (same transaction).
-REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429})
+# released (committed first) or the transaction rolled back (same transaction), so the
+# corrected request runs with the same key. 422 is among them: it is what FastAPI/Pydantic
+# (and many APIs) answer to a body that fails validation, before the handler runs.
+REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429})
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,22 @@ class Answer:
 
 
 class Refused(Exception):
-    """Raised by a scope or tenant function (or the key parser) to answer at once with a
-    problem, before anything is claimed."""
+    """Raise it to answer at once with an RFC 9457 problem (`type` about:blank), from a tenant
+    or scope function (before anything is claimed) or from a handler (the answer is not
+    stored when its status is among the refused statuses, so the key stays free):
 
-    def __init__(self, status: int, title: str, detail: str, headers: Sequence[tuple[str, str]] = (),
-                 *, answer: Answer | None = None):
-        super().__init__(detail)
-        self.answer = answer or problem(status, title, detail, headers)
+        raise Refused(status=401, title="Unauthorized", detail="an API key is required",
+                      headers={"WWW-Authenticate": 'ApiKey realm="charges"'})
+
+    Only `status` is required; `title` defaults to the status's reason phrase, and a problem
+    without `detail` has none. `headers`: a mapping or (name, value) pairs."""
+
+    def __init__(self, status: int, title: str | None = None, detail: str | None = None,
+                 headers: Mapping[str, str] | Iterable[tuple[str, str]] = (), *, answer: Answer | None = None):
+        super().__init__(detail or title or str(status))
+        self.status = status
+        pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
+        self.answer = answer or problem(status, title or _reason(status), detail, pairs)
 
     @classmethod
     def contract(cls, slug: str, reason: str) -> Refused:
@@ -86,12 +99,21 @@ class Refused(Exception):
         return cls(p.status, p.title, reason, answer=contract_problem(slug))
 
 
-def problem(status: int, title: str, detail: str, headers: Iterable[tuple[str, str]] = (),
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
+
+
+def problem(status: int, title: str, detail: str | None, headers: Iterable[tuple[str, str]] = (),
             type: str = "about:blank") -> Answer:
     """An RFC 9457 problem answer. The application's own problems are `about:blank`; the
     middleware's are the contract's (contract_problem)."""
-    body = json.dumps({"type": type, "title": title, "status": status, "detail": detail}).encode()
-    return Answer(status, [("Content-Type", PROBLEM_TYPE), *headers], body)
+    fields: dict[str, Any] = {"type": type, "title": title, "status": status}
+    if detail is not None:
+        fields["detail"] = detail
+    return Answer(status, [("Content-Type", PROBLEM_TYPE), *headers], json.dumps(fields).encode())
 
 
 @dataclass(frozen=True)
@@ -146,33 +168,38 @@ def contract_problem(slug: str, retry_after: int = 1) -> Answer:
     return problem(p.status, p.title, p.detail, headers, type=PROBLEM_TYPE_PREFIX + slug)
 
 
+# RFC 9110 tchar, ':' and '/' (an sf-token's characters): what a bare (unquoted) key may hold
+# (contract/contract.json, "key_header").
 _BARE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
 
 
 def parse_key(values: Sequence[bytes]) -> str:
     """The key from the raw values of every Idempotency-Key field line; raises Refused(400).
 
-    The field is an RFC 8941 sf-string (parsed by http-sfv). A bare sf-token is accepted as
-    the same key, and so is a bare value of token characters starting with a digit (bare
-    UUIDs, as most clients send them). Parameters are refused. 1-255 printable ASCII."""
+    The contract's grammar: an RFC 8941 sf-string (parsed by http-sfv; parameters refused),
+    or a bare value made only of RFC 9110 token characters, ":" and "/" (an sf-token's
+    characters: bare UUIDs and k-1001, as most clients send them); 1-255
+    characters after unquoting; exactly one field line."""
     if not values:
         raise Refused.contract("idempotency-key-missing", "this route requires an Idempotency-Key header")
     if len(values) > 1:
         raise Refused.contract("idempotency-key-invalid", "the Idempotency-Key header must appear once")
     raw = values[0].strip(b" \t")
-    item = http_sfv.Item()
-    try:
-        item.parse(raw)
-        value = item.value
-        ok = isinstance(value, str) and not item.params  # String and Token are both str
-    except ValueError:
-        value, ok = None, False
-    if not ok:
-        if not _BARE.fullmatch(raw):
+    if raw.startswith(b'"'):
+        item = http_sfv.Item()
+        try:
+            item.parse(raw)
+        except ValueError:
+            item.value = None
+        if not isinstance(item.value, str) or item.params:
             raise Refused.contract("idempotency-key-invalid",
                                    "the Idempotency-Key must be a quoted string (RFC 8941) of printable ASCII")
+        value = item.value
+    elif _BARE.fullmatch(raw):
         value = raw.decode("ascii")
-    assert isinstance(value, str)
+    else:
+        raise Refused.contract("idempotency-key-invalid",
+                               "an unquoted Idempotency-Key may hold only token characters (RFC 9110), ':' and '/'")
     if not 1 <= len(value) <= MAX_KEY_CHARS:
         raise Refused.contract("idempotency-key-invalid",
                                f"the Idempotency-Key must be 1 to {MAX_KEY_CHARS} characters")
@@ -270,6 +297,15 @@ def answer_without_work(claim: Claim) -> Answer:
 def fenced_answer() -> Answer:
     """A committed-first handler whose claim was taken over meanwhile: not a success."""
     return contract_problem("idempotency-key-superseded")
+
+
+def failure_answer(error: BaseException, handler_ran: bool) -> Answer:
+    """The answer to an error the middleware met: 503 (Retry-After: 1) when the database could
+    not be reached before the handler ran, since nothing was done and the same request can be
+    repeated; else 500, as "nothing was done" may then be untrue."""
+    if unavailable(error) and not handler_ran:
+        return contract_problem("service-unavailable")
+    return contract_problem("internal-error")
 
 
 def default_scope(tenant: str, method: str, route: str) -> str:

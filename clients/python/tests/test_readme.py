@@ -1,0 +1,87 @@
+"""README.md's install block, run as it is in a fresh folder beside a link to this clone (so
+`./idempotency/...` is this tree), into a fresh virtual environment, from PyPI (pinned by
+constraints.txt through PIP_CONSTRAINT); then nothing new in the source tree; then README's
+first app, as it is, under uvicorn of that environment against the real database: one order
+for the same request twice, the second a replay."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import free_port, request, with_database
+
+PACKAGE = Path(__file__).resolve().parent.parent
+ROOT = PACKAGE.parent.parent
+README = (PACKAGE / "README.md").read_text()
+
+
+def block_after(marker: str, lang: str) -> str:
+    m = re.search(re.escape(marker) + r"[^\n]*\n```" + lang + r"\n(.*?)```", README, re.S)
+    assert m, f"README.md has no ```{lang} block after {marker!r}"
+    return m.group(1)
+
+
+def untracked(path: Path) -> set[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--ignored", "--untracked-files=all",
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    return set(out.splitlines())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, log_dir):
+    if os.environ.get("IDEM_PY_SKIP_README") == "1":
+        pytest.skip("IDEM_PY_SKIP_README=1: the README install check needs PyPI")
+    home = tmp_path_factory.mktemp("readme")
+    (home / "idempotency").symlink_to(ROOT)
+    before = untracked(PACKAGE)
+    env = {**os.environ, "PIP_CONSTRAINT": str(PACKAGE / "constraints.txt"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    log = log_dir / "readme-install.log"
+    with open(log, "wb") as out:
+        done = subprocess.run(["bash", "-e", "-c", block_after("<!-- install:", "sh")], cwd=home, env=env,
+                              stdout=out, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, f"README's install block failed; see {log}"
+    assert untracked(PACKAGE) == before, "installing wrote into the source tree"
+    return home
+
+
+def test_readme_install_and_first_app(installed, db_url, log_dir):
+    (installed / "app.py").write_text(block_after("<!-- example app:", "python"))
+    url = with_database(db_url, "idem_readme")
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute("DROP DATABASE IF EXISTS idem_readme WITH (FORCE)")
+        c.execute("CREATE DATABASE idem_readme")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE EXTENSION idempotency")
+    port = free_port()
+    log = open(log_dir / f"readme-app-{port}.log", "ab")
+    proc = subprocess.Popen([str(installed / "venv/bin/uvicorn"), "app:app", "--port", str(port)], cwd=installed,
+                            env={**os.environ, "DATABASE_URL": url}, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        key = f'"{uuid.uuid4()}"'
+        headers = [("Idempotency-Key", key)]
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, f"the README app did not start; see {log.name}"
+            try:
+                first = request(port, "POST", "/orders", {"item": "book"}, headers)
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert first.status == 201 and not first.replayed and first.json()["item"] == "book", first
+        again = request(port, "POST", "/orders", {"item": "book"}, headers)
+        assert again.status == 201 and again.replayed and again.body == first.body, again
+        with psycopg.connect(url) as c:
+            assert c.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()

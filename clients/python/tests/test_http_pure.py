@@ -16,7 +16,8 @@ from pg_idempotency.routes import RouteTable
 
 @pytest.mark.parametrize("raw,key", [
     (b'"abc"', "abc"), (b"abc", "abc"), (b'"a\\"b\\\\c"', 'a"b\\c'), (b"  \"x y\"  ", "x y"),
-    (b"k-1001", "k-1001"), (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"), (b"7", "7"), (b"Tok_1.x~!#$%&'*+^`|", "Tok_1.x~!#$%&'*+^`|"),
+    (b"k-1001", "k-1001"), (b"tok-1:a/b", "tok-1:a/b"), (b"12.5", "12.5"), (b"7", "7"),
+    (b"Tok_1.x~!#$%&'*+^`|", "Tok_1.x~!#$%&'*+^`|"),
     (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
     (b'"' + b"k" * 255 + b'"', "k" * 255), (b"k" * 255, "k" * 255), (b'"tok-1:a/b"', "tok-1:a/b"),
 ])

@@ -99,12 +99,12 @@ register_suites() {
     # Suites of the packaging, monitoring, portable-edition and client-package work.
     register meta            once full -       '`META.json` (PGXN) against `Cargo.toml`, the control file and the Debian changelog' \
         tests/package/meta.sh
-    register release         once full -       '`scripts/release.sh --no-build 0.0.0-test` in a scratch copy of the tree: every version string moves, the meta suite there fails only the native freeze it skipped, the portable upgrade skeleton installs' \
-        tests/package/release.sh
     register portable-assembly once fast -     'the committed portable release file and `pgtle.sql` are what `scripts/assemble_portable.py` makes of their sources' \
         tests/portable/assembly.sh
     register package         once full -       'the `.deb` for 15 (`dpkg -i` / `-r` on a machine without the extension, lintian, the demo, updates from every release) and the tarball for 18 ([docs/packages.md](docs/packages.md))' \
         tests/package/run.sh
+    register release         once full -       '`scripts/release.sh 0.0.0-test` in a scratch copy of the tree: every version string moves, the native install script it freezes is the current SQL, the meta suite there passes, the portable upgrade skeleton installs (after package, whose release build it reuses)' \
+        tests/package/release.sh
     register monitoring      each full ext     'the Prometheus PostgreSQL exporter of Debian scraped with our queries, the alert rules under promtool ([docs/monitoring.md](docs/monitoring.md))' \
         tests/monitoring/run.sh
     register python-client   15   full ext     'the tests of the Python middleware package, over real HTTP, also through PgBouncer' \

@@ -49,6 +49,7 @@ SCOPE_FIRST = {  # the scope-first functions, called with a scope of %s
     "idem_release": "idempotency.idem_release(%s, 'k', '00000000-0000-0000-0000-000000000000')",
     "idem_lookup": "idempotency.idem_lookup(%s, 'k')",
     "idem_seen": "idempotency.idem_seen(%s, 'm')",
+    "idem_seen_many": "idempotency.idem_seen_many(%s, ARRAY['m'])",
 }
 
 
@@ -158,8 +159,9 @@ def distribution(cl):
         "                         WHERE logicalrelid = 'idempotency.keys'::regclass) "
         "FROM pg_proc p LEFT JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
         "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' ORDER BY 1").fetchall()
-    check("the six scope-first functions are delegated by scope, colocated with the tables",
-          len(delegated) == 6 and all(r[1] == 0 and r[2] for r in delegated),
+    check(f"the {len(SCOPE_FIRST)} scope-first functions checked here are delegated by scope, colocated "
+          "with the tables",
+          sorted(r[0] for r in delegated) == sorted(SCOPE_FIRST) and all(r[1] == 0 and r[2] for r in delegated),
           f"{delegated}", NEEDS_GUARD)
 
     on = cl.scopes_on_each_worker("place", 1)
@@ -267,6 +269,18 @@ def contract(cl, path):
     check(f"{label} seen: true the first time, false for a duplicate", r == [(True,), (False,)], f"{r}")
     st = state("SELECT idempotency.idem_claim(%s, '')", (s,))
     check(f"{label} an empty key: 22023", st == "22023", f"got {st}")
+
+    st = state("SELECT idempotency.idem_seen_many(%s, ARRAY['ok', NULL])", (s,))
+    check(f"{label} seen_many with a NULL message id: 22004", st == "22004", f"got {st}")
+    try:  # a batch that writes; an error here is reported, and the checks after it still run
+        r = call("SELECT idempotency.idem_seen_many(%s, ARRAY['b1', 'm1', 'b2', 'b1'])", (s,))
+        check(f"{label} seen_many: true for each first sighting in the batch, false for m1 (seen) and the "
+              "repeated b1", r == [([True, False, True, False],)], f"{r}")
+        r = call("SELECT idempotency.idem_seen_many(%s, ARRAY['b2', 'b3'])", (s,))
+        check(f"{label} seen_many again: false for b2 (an earlier batch), true for b3", r == [([False, True],)],
+              f"{r}")
+    except psycopg.errors.DatabaseError as e:
+        check(f"{label} seen_many records a batch", False, f"{e.sqlstate}: {e}".replace("\n", " "))
 
 
 def null_scope(cl):

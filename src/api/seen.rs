@@ -68,7 +68,8 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
 // test each row against the array, slower with every batch recorded. The rows are inserted
 // in the order of $2 (a function scan keeps it): two batches that share ids lock them in the
 // same order, so one waits for the other instead of deadlocking. An id that another
-// transaction recorded meanwhile is not returned.
+// transaction recorded meanwhile is not returned. The conflict arm reads EXCLUDED, not $3 / $4:
+// Citus runs it on the shards without the statement's parameters (42P02, 42P18 otherwise).
 static RECORD_MANY: Statement = Statement {
     sql: "INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at) \
           SELECT $1, id, $3, $4 FROM pg_catalog.unnest($2) AS id \
@@ -76,8 +77,9 @@ static RECORD_MANY: Statement = Statement {
                             WHERE live.scope OPERATOR(pg_catalog.=) $1 \
                               AND live.message_id OPERATOR(pg_catalog.=) id \
                               AND live.expires_at OPERATOR(pg_catalog.>) $3 OFFSET 0) \
-          ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = $3, expires_at = $4 \
-          WHERE m.expires_at OPERATOR(pg_catalog.<=) $3 \
+          ON CONFLICT (scope, message_id) \
+          DO UPDATE SET seen_at = EXCLUDED.seen_at, expires_at = EXCLUDED.expires_at \
+          WHERE m.expires_at OPERATOR(pg_catalog.<=) EXCLUDED.seen_at \
           RETURNING m.message_id",
     args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::LookThenWrite,

@@ -55,16 +55,28 @@ def installed(tmp_path_factory, log_dir):
 
 def test_readme_install_and_first_app(installed, db_url, log_dir):
     (installed / "app.py").write_text(block_after("<!-- example app:", "python"))
-    url = with_database(db_url, "idem_readme")
-    with psycopg.connect(db_url, autocommit=True) as c:
-        c.execute("DROP DATABASE IF EXISTS idem_readme WITH (FORCE)")
-        c.execute("CREATE DATABASE idem_readme")
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("CREATE EXTENSION idempotency")
+    url = fresh_database(db_url, "idem_readme")
     port = free_port()
     log = open(log_dir / f"readme-app-{port}.log", "ab")
     proc = subprocess.Popen([str(installed / "venv/bin/uvicorn"), "app:app", "--port", str(port)], cwd=installed,
                             env={**os.environ, "DATABASE_URL": url}, stdout=log, stderr=log)
+    check_orders_app(proc, log, port, url)
+
+
+def fresh_database(db_url: str, name: str) -> str:
+    """A new database NAME on the suite's server with the extension; its URL."""
+    url = with_database(db_url, name)
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE EXTENSION idempotency")
+    return url
+
+
+def check_orders_app(proc: subprocess.Popen, log, port: int, url: str) -> None:
+    """A README app serving POST /orders, once it answers: the same request twice gives 201,
+    then the same body replayed, and one order row; the app is stopped and its log closed."""
     try:
         deadline = time.monotonic() + 30
         key = f'"{uuid.uuid4()}"'

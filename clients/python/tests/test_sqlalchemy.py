@@ -11,7 +11,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +19,7 @@ import pytest
 
 from conftest import free_port, request, with_database
 from test_application import count, post, start_app
-from test_readme import block_after
+from test_readme import block_after, check_orders_app, fresh_database
 
 
 @pytest.fixture(scope="module", params=["direct", "pgbouncer"])
@@ -112,35 +111,13 @@ def test_a_committed_first_step_writes_with_the_session(sa_app, db_url):
 
 def test_readme_sqlalchemy_app(db_url, log_dir, tmp_path):
     (tmp_path / "app.py").write_text(block_after("<!-- sqlalchemy app:", "python"))
-    url = with_database(db_url, "idem_readme_sa")
-    with psycopg.connect(db_url, autocommit=True) as c:
-        c.execute("DROP DATABASE IF EXISTS idem_readme_sa WITH (FORCE)")
-        c.execute("CREATE DATABASE idem_readme_sa")
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("CREATE EXTENSION idempotency")
+    url = fresh_database(db_url, "idem_readme_sa")
     port = free_port()
     log = open(log_dir / f"readme-sa-app-{port}.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(tmp_path), "--port", str(port),
                              "app:app"], cwd=tmp_path, stdout=log, stderr=log,
                             env={**os.environ, "DATABASE_URL": url.replace("postgresql://", "postgresql+psycopg://")})
-    try:
-        deadline, headers = time.monotonic() + 30, [("Idempotency-Key", f'"{uuid.uuid4()}"')]
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, f"the README app did not start; see {log.name}"
-            try:
-                first = request(port, "POST", "/orders", {"item": "book"}, headers)
-                break
-            except OSError:
-                time.sleep(0.2)
-        assert first.status == 201 and not first.replayed and first.json()["item"] == "book", first
-        again = request(port, "POST", "/orders", {"item": "book"}, headers)
-        assert again.status == 201 and again.replayed and again.body == first.body, again
-        with psycopg.connect(url) as c:
-            assert c.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    check_orders_app(proc, log, port, url)
 
 
 def test_an_engine_that_cannot_connect_is_the_database_unavailable():

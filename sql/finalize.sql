@@ -23,13 +23,18 @@ SELECT
     (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages,
     (SELECT count(*) FROM idempotency.keys
       WHERE status = 'completed' AND expires_at <= now()
-        AND expires_at > now() - COALESCE(
-              pg_catalog.current_setting('idempotency.tombstone_ttl', true), '0')::interval) AS tombstones;
+        AND expires_at > now() - COALESCE(NULLIF(
+              pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval) AS tombstones,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'sending')         AS outbound_sending,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'done')            AS outbound_done,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
     'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
-    'completed records inside idempotency.tombstone_ttl; counted in expired too).';
+    'completed records inside idempotency.tombstone_ttl; counted in expired too), and the '
+    'sending side''s idempotency.outbound rows by state.';
 
 -- Sweeps a backlog of any size in batches of batch_size, committing after each, until a
 -- batch finds fewer rows than it could take, sleeping `pause` after each full batch. By

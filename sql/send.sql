@@ -518,3 +518,26 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT * FROM idempotency.send_finish($1, $2, $3, $4, $5, $6, $7, $8)
 $$;
+
+-- idem_sweep's part (both editions call it last, with what is left of max_rows): deletes
+-- done and gave_up rows past expires_at, oldest first, skipping rows another session holds,
+-- and the budget's rows older than two minutes. Returns the outbound rows deleted.
+CREATE FUNCTION idempotency.send_sweep(max_rows bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint := 0;
+BEGIN
+    IF max_rows > 0 THEN
+        DELETE FROM idempotency.outbound AS o
+         USING (SELECT p.scope, p.operation FROM idempotency.outbound AS p
+                 WHERE p.expires_at <= now() AND p.state IN ('done', 'gave_up')
+                 ORDER BY p.expires_at LIMIT max_rows FOR UPDATE SKIP LOCKED) AS picked
+         WHERE o.scope = picked.scope AND o.operation = picked.operation;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+    END IF;
+    DELETE FROM idempotency.outbound_budget AS b WHERE b.bucket < now() - interval '2 minutes';
+    RETURN deleted;
+END
+$$;

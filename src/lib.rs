@@ -34,6 +34,7 @@ mod tests;
 
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+extension_sql_file!("../sql/send.sql", name = "send", requires = [idem_fingerprint]);
 extension_sql_file!(
     "../sql/citus.sql",
     name = "citus",

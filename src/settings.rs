@@ -25,6 +25,13 @@ static mut TOMBSTONE_TTL: pg_sys::Interval = pg_sys::Interval { time: 0, day: 0,
 
 static MAX_RESPONSE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
+// The sending side's settings are read by sql/send.sql (current_setting), shared with the
+// portable edition; registering them here checks a value when it is SET.
+static mut SEND_BACKOFF_BASE_TEXT: *mut c_char = std::ptr::null_mut();
+static mut SEND_BACKOFF_CAP_TEXT: *mut c_char = std::ptr::null_mut();
+static mut SEND_GIVE_UP_AFTER_TEXT: *mut c_char = std::ptr::null_mut();
+static SEND_RETRY_BUDGET: GucSetting<f64> = GucSetting::<f64>::new(0.1);
+
 /// Called once per backend, from `_PG_init`.
 pub fn register() {
     GucRegistry::define_int_guc(
@@ -36,6 +43,16 @@ pub fn register() {
         1024 * 1024,
         GucContext::Userset,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_float_guc(
+        c"idempotency.send_retry_budget",
+        c"Per target, the retries idem_send_next hands out over a minute, as a share of its first attempts (plus 10).",
+        c"0 turns retries off.",
+        &SEND_RETRY_BUDGET,
+        0.0,
+        1_000_000.0,
+        GucContext::Userset,
+        GucFlags::default(),
     );
     // SAFETY: called from _PG_init on the backend's main thread; the statics are the GUC's
     // storage for as long as the library is loaded.
@@ -74,6 +91,42 @@ pub fn register() {
             0,
             Some(check_non_negative_interval),
             Some(assign_tombstone_ttl),
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.send_backoff_base".as_ptr(),
+            c"The first retry's backoff bound of idem_send_result (full jitter below base * 2^(attempts - 1)).".as_ptr(),
+            c"A positive interval.".as_ptr(),
+            addr_of_mut!(SEND_BACKOFF_BASE_TEXT),
+            c"1s".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_positive_interval),
+            None,
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.send_backoff_cap".as_ptr(),
+            c"The largest backoff bound of idem_send_result.".as_ptr(),
+            c"A positive interval.".as_ptr(),
+            addr_of_mut!(SEND_BACKOFF_CAP_TEXT),
+            c"10min".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_positive_interval),
+            None,
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.send_give_up_after".as_ptr(),
+            c"How long idem_send keeps trying when it gets no give_up_after.".as_ptr(),
+            c"A positive interval; keep it below the receiver's retention of keys.".as_ptr(),
+            addr_of_mut!(SEND_GIVE_UP_AFTER_TEXT),
+            c"23h".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_positive_interval),
+            None,
             None,
         );
         pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());

@@ -680,7 +680,8 @@ BEGIN
                 EXIT rounds;
             END IF;
             -- The caller's own claim, repeated (its first answer was lost): nothing to write.
-            IF rec.token = idem_claim.token THEN
+            -- Once its lease ended it is taken over below, with the caller's token: reclaimed.
+            IF rec.token = idem_claim.token AND rec.locked_until > now_ THEN
                 answer := ROW('claimed', rec.token, NULL, NULL, NULL, NULL, rec.recovery_point, rec.recovery_data,
                               rec.attempts, rec.expires_at, rec.locked_until);
                 EXIT rounds;
@@ -842,6 +843,7 @@ DECLARE
     size bigint;
     size_limit bigint;
     lease_end timestamptz;
+    lease_given boolean;
     n bigint;
     rec record;
 BEGIN
@@ -866,6 +868,7 @@ BEGIN
             USING ERRCODE = '54000',
                   HINT = 'Raise idempotency.max_response_size, or store a reference to the data instead of the data.';
     END IF;
+    lease_given := lease IS NOT NULL;
     SELECT a.value, a.problem INTO lease, problem
       FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
     IF problem IS NOT NULL THEN
@@ -875,14 +878,18 @@ BEGIN
         RAISE EXCEPTION 'idem_checkpoint cannot run on a read-only server'
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
-    lease_end := now_ + lease;
 
+    -- Without a lease the claim keeps the length of the lease it was made with: every write
+    -- of locked_until sets updated_at to the same now, so the difference is that length.
     UPDATE idempotency.keys AS k
        SET recovery_point = idem_checkpoint.recovery_point, recovery_data = idem_checkpoint.recovery_data,
-           locked_until = lease_end, updated_at = now_
+           locked_until = now_ + CASE WHEN NOT lease_given AND k.locked_until > k.updated_at
+                                      THEN k.locked_until - k.updated_at ELSE lease END,
+           updated_at = now_
      WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
        AND k.token = idem_checkpoint.token AND k.status = 'in_progress'
-       AND k.expires_at > now_;
+       AND k.expires_at > now_
+    RETURNING k.locked_until INTO lease_end;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n = 1 THEN
         RETURN lease_end;
@@ -1236,7 +1243,7 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         swept := swept + n;
     END IF;
-    RETURN swept;
+    RETURN swept + idempotency.send_sweep(max_rows - swept);
 END
 $$;
 
@@ -1312,6 +1319,550 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
+-- The sending side (as sql/send.sql, which both editions read).
+
+CREATE TABLE idempotency.outbound (
+    scope              text        NOT NULL,
+    operation          text        NOT NULL,
+    key                text        NOT NULL,
+    target             text        NOT NULL,
+    request            jsonb,
+    request_fingerprint text,
+    state              text        NOT NULL DEFAULT 'pending',
+    attempts           int         NOT NULL DEFAULT 0,
+    next_attempt_at    timestamptz NOT NULL,
+    give_up_at         timestamptz NOT NULL,
+    token              uuid,
+    locked_until       timestamptz,
+    last_status        int,
+    last_error         text,
+    response_status    int,
+    response_body      text,
+    response_headers   jsonb,
+    created_at         timestamptz NOT NULL,
+    finished_at        timestamptz,
+    expires_at         timestamptz,
+    CONSTRAINT outbound_pkey PRIMARY KEY (scope, operation),
+    CONSTRAINT outbound_state_check CHECK (state IN ('pending', 'sending', 'done', 'gave_up'))
+);
+
+COMMENT ON TABLE idempotency.outbound IS
+    'One row per (scope, operation) the application sends to another service with an '
+    'Idempotency-Key: written by idem_send in the business transaction, handed to senders by '
+    'idem_send_next, finished by idem_send_result. done: the receiver''s final answer is in '
+    'response_*; gave_up: no final answer before give_up_at, the outcome at the receiver is unknown.';
+
+CREATE INDEX outbound_due_idx ON idempotency.outbound (target, next_attempt_at)
+    WHERE state IN ('pending', 'sending');
+
+CREATE INDEX outbound_expires_at_idx ON idempotency.outbound (expires_at)
+    WHERE expires_at IS NOT NULL;
+
+ALTER TABLE idempotency.outbound SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01
+);
+
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbound', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL; -- not inside CREATE EXTENSION
+END
+$$;
+
+-- The retry budget, per target: attempts handed out, counted in buckets of 5 seconds and
+-- spread over 8 slots (a backend writes the slot of its pid), so that senders of one target
+-- do not all queue on one row. idem_send_next sums the last minute's buckets.
+CREATE TABLE idempotency.outbound_budget (
+    target         text        NOT NULL,
+    bucket         timestamptz NOT NULL,
+    slot           int         NOT NULL,
+    first_attempts bigint      NOT NULL DEFAULT 0,
+    retries        bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT outbound_budget_pkey PRIMARY KEY (target, bucket, slot)
+);
+
+COMMENT ON TABLE idempotency.outbound_budget IS
+    'Attempts handed out by idem_send_next per target, in 5-second buckets and 8 slots: the '
+    'retry budget reads the last minute. Rows older than two minutes are deleted as senders go '
+    'and by idem_sweep.';
+
+-- What is wrong with a scope, operation, target or key (NULL: nothing), as the idempotency
+-- key rule: 1 to 255 characters, no control characters (U+0000-U+001F, U+007F-U+009F).
+CREATE FUNCTION idempotency.send_text_problem(val text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    bad text;
+BEGIN
+    IF val = '' THEN
+        RETURN 'must not be empty';
+    END IF;
+    bad := substring(val FROM '[\x01-\x1f\x7f-\x9f]');
+    IF bad IS NOT NULL THEN
+        RETURN format('must not contain control characters (found U+%s)', upper(lpad(to_hex(ascii(bad)), 4, '0')));
+    END IF;
+    IF length(val) > 255 THEN
+        RETURN format('must be at most 255 characters (got %s)', length(val));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Raises 22004 for a NULL, 22023 for a bad value, naming the argument.
+CREATE FUNCTION idempotency.send_check_text(arg text, val text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF val IS NULL THEN
+        RAISE EXCEPTION 'argument "%" must not be null', arg USING ERRCODE = '22004';
+    END IF;
+    IF idempotency.send_text_problem(val) IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid argument "%": %', arg, idempotency.send_text_problem(val)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- An interval argument or setting: positive, at most 10000 years (22023 naming it).
+CREATE FUNCTION idempotency.send_check_interval(what text, val interval) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF val IS NOT NULL AND (val <= interval '0' OR val > interval '10000 years') THEN
+        RAISE EXCEPTION 'invalid %: % (it must be a positive interval of at most 10000 years)', what, val
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN val;
+END
+$$;
+
+-- The interval setting `name`, or `fallback` when it is not set. The native edition checks
+-- the value when it is SET; the portable edition reads a placeholder, checked here.
+CREATE FUNCTION idempotency.send_interval_setting(name text, fallback interval) RETURNS interval
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text := current_setting(name, true);
+    val interval;
+BEGIN
+    IF raw IS NULL OR raw = '' THEN
+        RETURN fallback;
+    END IF;
+    BEGIN
+        val := raw::interval;
+    EXCEPTION WHEN data_exception OR syntax_error THEN
+        RAISE EXCEPTION 'invalid value for setting "%": "%" (it must be a positive interval of at most 10000 years)', name, raw
+            USING ERRCODE = '22023';
+    END;
+    RETURN idempotency.send_check_interval('value for setting "' || name || '"', val);
+END
+$$;
+
+-- idempotency.send_retry_budget: a ratio, 0 or more (0: no retries), default 0.1.
+CREATE FUNCTION idempotency.send_retry_budget() RETURNS float8
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text := current_setting('idempotency.send_retry_budget', true);
+    val float8;
+BEGIN
+    IF raw IS NULL OR raw = '' THEN
+        RETURN 0.1;
+    END IF;
+    BEGIN
+        val := raw::float8;
+    EXCEPTION WHEN data_exception OR syntax_error THEN
+        val := NULL;
+    END;
+    IF val IS NULL OR val < 0 OR val = 'NaN'::float8 OR val = 'Infinity'::float8 THEN
+        RAISE EXCEPTION 'invalid value for setting "idempotency.send_retry_budget": "%" (it must be a number of 0 or more)', raw
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN val;
+END
+$$;
+
+-- The three idem_send* functions are SQL over these PL/pgSQL bodies: their arguments and
+-- result columns share names (scope, key, ...), which PL/pgSQL refuses.
+CREATE FUNCTION idempotency.send_prepare(p_scope text, p_operation text, p_target text, p_request jsonb,
+                                         p_key text, p_give_up_after interval)
+RETURNS SETOF idempotency.outbound
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key text := p_key;
+    v_after interval;
+    v_fingerprint text;
+    v_row idempotency.outbound;
+BEGIN
+    PERFORM idempotency.send_check_text('scope', p_scope);
+    PERFORM idempotency.send_check_text('operation', p_operation);
+    PERFORM idempotency.send_check_text('target', p_target);
+    IF v_key IS NOT NULL THEN
+        PERFORM idempotency.send_check_text('key', v_key);
+    END IF;
+    v_after := coalesce(idempotency.send_check_interval('argument "give_up_after"', p_give_up_after),
+                        idempotency.send_interval_setting('idempotency.send_give_up_after', interval '23 hours'));
+    IF p_request IS NOT NULL THEN
+        v_fingerprint := idempotency.idem_fingerprint(p_request);
+    END IF;
+
+    INSERT INTO idempotency.outbound AS o
+           (scope, operation, key, target, request, request_fingerprint, state, attempts,
+            next_attempt_at, give_up_at, created_at)
+    VALUES (p_scope, p_operation, coalesce(v_key, gen_random_uuid()::text),
+            p_target, p_request, v_fingerprint, 'pending', 0,
+            now(), now() + v_after, now())
+    ON CONFLICT ON CONSTRAINT outbound_pkey DO NOTHING
+    RETURNING o.* INTO v_row;
+
+    IF FOUND THEN
+        -- Wakes the senders that LISTEN, at COMMIT (a rollback sends nothing).
+        PERFORM pg_notify('idempotency_send', p_target);
+    ELSE
+        SELECT o.* INTO v_row FROM idempotency.outbound AS o
+         WHERE o.scope = p_scope AND o.operation = p_operation;
+        IF NOT FOUND THEN
+            -- Another transaction's row, committed after this snapshot (REPEATABLE READ).
+            RAISE EXCEPTION 'operation "%" in scope "%" was recorded by a concurrent transaction',
+                  p_operation, p_scope
+                USING ERRCODE = '40001';
+        END IF;
+        IF v_row.target IS DISTINCT FROM p_target
+           OR v_row.request_fingerprint IS DISTINCT FROM v_fingerprint
+           OR (v_key IS NOT NULL AND v_row.key IS DISTINCT FROM v_key) THEN
+            RAISE EXCEPTION 'operation "%" in scope "%" is already recorded with another %',
+                  p_operation, p_scope,
+                  CASE WHEN v_row.target IS DISTINCT FROM p_target THEN 'target'
+                       WHEN v_row.request_fingerprint IS DISTINCT FROM v_fingerprint THEN 'request'
+                       ELSE 'key' END
+                USING ERRCODE = 'IK004',
+                      HINT = 'An operation is sent once; give a new operation id for a new request.';
+        END IF;
+    END IF;
+    RETURN NEXT v_row;
+END
+$$;
+
+CREATE FUNCTION idempotency.idem_send(
+    scope text,
+    operation text,
+    target text,
+    request jsonb DEFAULT NULL,
+    key text DEFAULT NULL,
+    give_up_after interval DEFAULT NULL
+) RETURNS TABLE (key text, state text, attempts int, next_attempt_at timestamptz,
+                 response_status int, response_body text, response_headers jsonb)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT o.key, o.state, o.attempts, o.next_attempt_at, o.response_status, o.response_body, o.response_headers
+      FROM idempotency.send_prepare($1, $2, $3, $4, $5, $6) AS o
+$$;
+
+-- The retries `target` may still be handed out now: its budget over the last minute.
+CREATE FUNCTION idempotency.send_retry_allowance(target text) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ratio float8 := idempotency.send_retry_budget();
+    firsts bigint;
+    retried bigint;
+BEGIN
+    IF ratio = 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT coalesce(sum(b.first_attempts), 0), coalesce(sum(b.retries), 0) INTO firsts, retried
+      FROM idempotency.outbound_budget AS b
+     WHERE b.target = send_retry_allowance.target
+       AND b.bucket > now() - interval '1 minute';
+    RETURN greatest(floor(ratio * firsts + 10)::bigint - retried, 0);
+END
+$$;
+
+-- Counts what idem_send_next handed out to `target`, in this backend's slot.
+CREATE FUNCTION idempotency.send_count_attempts(target text, firsts bigint, retried bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_slot int := pg_backend_pid() % 8;
+    v_bucket timestamptz := to_timestamp(floor(extract(epoch FROM now()) / 5) * 5);
+BEGIN
+    IF firsts = 0 AND retried = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO idempotency.outbound_budget AS b (target, bucket, slot, first_attempts, retries)
+    VALUES (send_count_attempts.target, v_bucket, v_slot, firsts, retried)
+    ON CONFLICT ON CONSTRAINT outbound_budget_pkey
+    DO UPDATE SET first_attempts = b.first_attempts + EXCLUDED.first_attempts,
+                  retries = b.retries + EXCLUDED.retries;
+    DELETE FROM idempotency.outbound_budget AS b
+     WHERE b.target = send_count_attempts.target AND b.bucket < now() - interval '2 minutes'
+       AND b.slot = v_slot;
+END
+$$;
+
+CREATE FUNCTION idempotency.send_take(p_target text, p_max_rows int, p_lease interval,
+                                      p_scope text, p_operation text)
+RETURNS TABLE (o_scope text, o_operation text, o_target text, o_key text, o_request jsonb,
+               o_attempt int, o_token uuid, o_locked_until timestamptz, o_give_up_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_lease interval;
+    v_target text;
+    v_left int;
+    v_allowance bigint;
+    v_firsts bigint;
+    v_retries bigint;
+    v_row idempotency.outbound;
+    v_token uuid;
+BEGIN
+    IF p_max_rows IS NULL THEN
+        RAISE EXCEPTION 'argument "max_rows" must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF p_max_rows < 1 OR p_max_rows > 10000 THEN
+        RAISE EXCEPTION 'invalid argument "max_rows": must be between 1 and 10000 (got %)', p_max_rows
+            USING ERRCODE = '22023';
+    END IF;
+    v_lease := coalesce(idempotency.send_check_interval('argument "lease"', p_lease),
+                        idempotency.send_interval_setting('idempotency.default_lease', interval '5 minutes'));
+    IF p_target IS NOT NULL THEN
+        PERFORM idempotency.send_check_text('target', p_target);
+    END IF;
+    IF (p_scope IS NULL) <> (p_operation IS NULL) THEN
+        RAISE EXCEPTION 'argument "%" must not be null when "%" is given',
+              CASE WHEN p_scope IS NULL THEN 'scope' ELSE 'operation' END,
+              CASE WHEN p_scope IS NULL THEN 'operation' ELSE 'scope' END
+            USING ERRCODE = '22004';
+    END IF;
+    IF p_scope IS NOT NULL THEN
+        PERFORM idempotency.send_check_text('scope', p_scope);
+        PERFORM idempotency.send_check_text('operation', p_operation);
+    END IF;
+
+    v_left := p_max_rows;
+    -- One target at a time (the budget is per target): the given one, or each with due rows.
+    FOR v_target IN
+        SELECT p_target WHERE p_target IS NOT NULL
+        UNION ALL
+        SELECT DISTINCT o.target FROM idempotency.outbound AS o
+         WHERE p_target IS NULL
+           AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
+           AND (p_scope IS NULL
+                OR (o.scope = p_scope AND o.operation = p_operation))
+    LOOP
+        EXIT WHEN v_left = 0;
+        v_allowance := NULL;
+        v_firsts := 0;
+        v_retries := 0;
+        -- First attempts first (never held back by the budget), then retries; each due-first.
+        FOR v_row IN
+            SELECT o.* FROM idempotency.outbound AS o
+             WHERE o.target = v_target
+               AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
+               AND (p_scope IS NULL
+                    OR (o.scope = p_scope AND o.operation = p_operation))
+             ORDER BY (o.attempts = 0 AND o.state = 'pending') DESC, o.next_attempt_at
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            IF v_row.give_up_at <= now() THEN
+                UPDATE idempotency.outbound AS o
+                   SET state = 'gave_up', token = NULL, locked_until = NULL, finished_at = now(),
+                       expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours'),
+                       last_error = coalesce(CASE WHEN v_row.state = 'sending'
+                                                  THEN 'lease ended without a result' END, o.last_error)
+                 WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+                CONTINUE;
+            END IF;
+            IF v_row.attempts > 0 THEN
+                IF v_allowance IS NULL THEN
+                    v_allowance := idempotency.send_retry_allowance(v_target);
+                END IF;
+                -- Past the budget: the rest of this target's due rows are retries too.
+                EXIT WHEN v_retries >= v_allowance;
+                v_retries := v_retries + 1;
+            ELSE
+                v_firsts := v_firsts + 1;
+            END IF;
+            v_token := gen_random_uuid();
+            UPDATE idempotency.outbound AS o
+               SET state = 'sending', attempts = o.attempts + 1, token = v_token,
+                   locked_until = now() + v_lease, next_attempt_at = now() + v_lease,
+                   last_error = CASE WHEN v_row.state = 'sending'
+                                     THEN 'lease ended without a result' ELSE o.last_error END
+             WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+            o_scope := v_row.scope;
+            o_operation := v_row.operation;
+            o_target := v_row.target;
+            o_key := v_row.key;
+            o_request := v_row.request;
+            o_attempt := v_row.attempts + 1;
+            o_token := v_token;
+            o_locked_until := now() + v_lease;
+            o_give_up_at := v_row.give_up_at;
+            RETURN NEXT;
+            v_left := v_left - 1;
+            EXIT WHEN v_left = 0;
+        END LOOP;
+        PERFORM idempotency.send_count_attempts(v_target, v_firsts, v_retries);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION idempotency.idem_send_next(
+    target text DEFAULT NULL,
+    max_rows int DEFAULT 1,
+    lease interval DEFAULT NULL,
+    scope text DEFAULT NULL,
+    operation text DEFAULT NULL
+) RETURNS TABLE (scope text, operation text, target text, key text, request jsonb,
+                 attempt int, token uuid, locked_until timestamptz, give_up_at timestamptz)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM idempotency.send_take($1, $2, $3, $4, $5)
+$$;
+
+CREATE FUNCTION idempotency.send_finish(p_scope text, p_operation text, p_token uuid, p_http_status int,
+                                        p_response_body text, p_response_headers jsonb,
+                                        p_retry_after interval, p_error text)
+RETURNS TABLE (o_state text, o_attempts int, o_next_attempt_at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_row idempotency.outbound;
+    v_base interval;
+    v_cap interval;
+    v_delay interval;
+    v_retryable boolean;
+BEGIN
+    PERFORM idempotency.send_check_text('scope', p_scope);
+    PERFORM idempotency.send_check_text('operation', p_operation);
+    IF p_token IS NULL THEN
+        RAISE EXCEPTION 'argument "token" must not be null' USING ERRCODE = '22004';
+    END IF;
+    IF p_http_status IS NOT NULL AND (p_http_status < 100 OR p_http_status > 599) THEN
+        RAISE EXCEPTION 'invalid argument "http_status": must be between 100 and 599 (got %)', p_http_status
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_response_headers IS NOT NULL AND jsonb_typeof(p_response_headers) <> 'object' THEN
+        RAISE EXCEPTION 'invalid argument "response_headers": must be a JSON object (got %)', jsonb_typeof(p_response_headers)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_retry_after IS NOT NULL AND (p_retry_after < interval '0' OR p_retry_after > interval '10000 years') THEN
+        RAISE EXCEPTION 'invalid argument "retry_after": % (it must be an interval of 0 to 10000 years)', p_retry_after
+            USING ERRCODE = '22023';
+    END IF;
+    v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
+    v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
+
+    SELECT o.* INTO v_row FROM idempotency.outbound AS o
+     WHERE o.scope = p_scope AND o.operation = p_operation
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no outbound record for operation "%" in scope "%"',
+              p_operation, p_scope
+            USING ERRCODE = 'IK001';
+    END IF;
+    IF v_row.state = 'done' AND v_row.token = p_token THEN
+        RAISE EXCEPTION 'operation "%" in scope "%" is already done with this token',
+              p_operation, p_scope
+            USING ERRCODE = 'IK003';
+    END IF;
+    IF v_row.state <> 'sending' OR v_row.token IS DISTINCT FROM p_token THEN
+        RAISE EXCEPTION 'token % no longer holds operation "%" in scope "%"',
+              p_token, p_operation, p_scope
+            USING ERRCODE = 'IK002',
+                  HINT = 'Its lease ended and another sender took it, or its result was recorded.';
+    END IF;
+
+    v_retryable := p_http_status IS NULL OR p_http_status IN (408, 409, 425, 429, 500, 502, 503, 504);
+    IF NOT v_retryable THEN
+        UPDATE idempotency.outbound AS o
+           SET state = 'done', locked_until = NULL, last_status = p_http_status, last_error = NULL,
+               response_status = p_http_status, response_body = p_response_body,
+               response_headers = p_response_headers, finished_at = now(),
+               expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours')
+         WHERE o.scope = v_row.scope AND o.operation = v_row.operation
+        RETURNING o.state, o.attempts, o.next_attempt_at INTO o_state, o_attempts, o_next_attempt_at;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Exponential backoff with full jitter, never sooner than the receiver's Retry-After.
+    v_delay := greatest(coalesce(p_retry_after, interval '0'),
+                        random() * least(v_cap, v_base * power(2, least(v_row.attempts - 1, 60))));
+    IF now() + v_delay >= v_row.give_up_at THEN
+        UPDATE idempotency.outbound AS o
+           SET state = 'gave_up', token = NULL, locked_until = NULL, last_status = p_http_status,
+               last_error = p_error, finished_at = now(),
+               expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours')
+         WHERE o.scope = v_row.scope AND o.operation = v_row.operation
+        RETURNING o.state, o.attempts, o.next_attempt_at INTO o_state, o_attempts, o_next_attempt_at;
+    ELSE
+        UPDATE idempotency.outbound AS o
+           SET state = 'pending', token = NULL, locked_until = NULL, last_status = p_http_status,
+               last_error = p_error, next_attempt_at = now() + v_delay
+         WHERE o.scope = v_row.scope AND o.operation = v_row.operation
+        RETURNING o.state, o.attempts, o.next_attempt_at INTO o_state, o_attempts, o_next_attempt_at;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+CREATE FUNCTION idempotency.idem_send_result(
+    scope text,
+    operation text,
+    token uuid,
+    http_status int DEFAULT NULL,
+    response_body text DEFAULT NULL,
+    response_headers jsonb DEFAULT NULL,
+    retry_after interval DEFAULT NULL,
+    error text DEFAULT NULL
+) RETURNS TABLE (state text, attempts int, next_attempt_at timestamptz)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM idempotency.send_finish($1, $2, $3, $4, $5, $6, $7, $8)
+$$;
+
+-- idem_sweep's part (both editions call it last, with what is left of max_rows): deletes
+-- done and gave_up rows past expires_at, oldest first, skipping rows another session holds,
+-- and the budget's rows older than two minutes. Returns the outbound rows deleted.
+CREATE FUNCTION idempotency.send_sweep(max_rows bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deleted bigint := 0;
+BEGIN
+    IF max_rows > 0 THEN
+        DELETE FROM idempotency.outbound AS o
+         USING (SELECT p.scope, p.operation FROM idempotency.outbound AS p
+                 WHERE p.expires_at <= now() AND p.state IN ('done', 'gave_up')
+                 ORDER BY p.expires_at LIMIT max_rows FOR UPDATE SKIP LOCKED) AS picked
+         WHERE o.scope = picked.scope AND o.operation = picked.operation;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+    END IF;
+    DELETE FROM idempotency.outbound_budget AS b WHERE b.bucket < now() - interval '2 minutes';
+    RETURN deleted;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
 -- The view, the batch sweep and pg_cron scheduling (as sql/finalize.sql).
 
 CREATE VIEW idempotency.stats AS
@@ -1333,12 +1884,17 @@ SELECT
     (SELECT count(*) FROM idempotency.keys
       WHERE status = 'completed' AND expires_at <= now()
         AND expires_at > now() - COALESCE(NULLIF(
-              pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval) AS tombstones;
+              pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval) AS tombstones,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'sending')         AS outbound_sending,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'done')            AS outbound_done,
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
     'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
-    'completed records inside idempotency.tombstone_ttl; counted in expired too).';
+    'completed records inside idempotency.tombstone_ttl; counted in expired too), and the '
+    'sending side''s idempotency.outbound rows by state.';
 
 -- No SET search_path: a procedure that commits cannot have one, so every name and
 -- operator is qualified instead.

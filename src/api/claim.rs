@@ -254,8 +254,9 @@ fn claim_at(
             });
         }
         let locked_until = stored.locked_until.expect("in_progress has a lease");
-        if caller_token == Some(stored.token) {
+        if caller_token == Some(stored.token) && locked_until > now {
             // The caller's own claim, repeated (its first answer was lost): nothing to write.
+            // Once its lease ended it is taken over below, with the caller's token: reclaimed.
             return Ok(Answer::claimed(
                 Outcome::Claimed,
                 stored.token,

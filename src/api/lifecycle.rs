@@ -3,7 +3,7 @@
 //! Completing and releasing wake the claims waiting for the record once they commit.
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
-use pgrx::pg_sys::{INT4OID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::pg_sys::{INT4OID, INTERVALOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
 
 use crate::errors::{IdemError, OrRaise};
@@ -28,16 +28,23 @@ static COMPLETE: Statement = Statement {
     columns: &[],
 };
 
-// $1 scope, $2 key, $3 token, $4 recovery_point, $5 recovery_data, $6 locked_until, $7 now
+// $1 scope, $2 key, $3 token, $4 recovery_point, $5 recovery_data, $6 the lease given or
+// NULL, $7 now, $8 default_lease. Without a lease the claim keeps the length of the lease it
+// was made with: every write of locked_until sets updated_at to the same now, so the
+// difference is that length (default_lease where there is none to read).
 static CHECKPOINT: Statement = Statement {
     sql: "UPDATE idempotency.keys \
-          SET recovery_point = $4, recovery_data = $5, locked_until = $6, updated_at = $7 \
+          SET recovery_point = $4, recovery_data = $5, updated_at = $7, \
+              locked_until = $7 OPERATOR(pg_catalog.+) COALESCE($6, \
+                  CASE WHEN locked_until OPERATOR(pg_catalog.>) updated_at \
+                       THEN locked_until OPERATOR(pg_catalog.-) updated_at END, $8) \
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
-            AND expires_at OPERATOR(pg_catalog.>) $7",
-    args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+            AND expires_at OPERATOR(pg_catalog.>) $7 \
+          RETURNING locked_until",
+    args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, INTERVALOID, TIMESTAMPTZOID, INTERVALOID],
     kind: Kind::Write,
-    columns: &[],
+    columns: &["locked_until"],
 };
 
 // $1 scope, $2 key, $3 token, $4 now
@@ -144,12 +151,12 @@ fn checkpoint(
     let recovery_point = validate::required("recovery_point", recovery_point)?;
     let size = recovery_data.map_or(0, |d| d.raw_size()) + recovery_point.len();
     validate::stored_size("recovery_data", size, settings::max_response_bytes())?;
-    let lease = validate::interval_arg("lease", lease, settings::default_lease)?;
+    let lease =
+        lease.map(|l| validate::interval_arg("lease", Some(l), settings::default_lease)).transpose()?;
     spi::require_primary("idem_checkpoint")?;
     let now = spi::now();
-    let locked_until = now + lease;
     Spi::connect_mut(|client| {
-        spi::run(
+        let renewed = spi::run(
             client,
             &CHECKPOINT,
             &[
@@ -158,12 +165,13 @@ fn checkpoint(
                 token.into(),
                 recovery_point.into(),
                 recovery_data.into(),
-                locked_until.into(),
+                lease.into(),
                 now.into(),
+                settings::default_lease().into(),
             ],
         );
-        if spi::processed() == 1 {
-            return Ok(locked_until);
+        if !renewed.is_empty() {
+            return Ok(get_not_null(&renewed.first(), &CHECKPOINT, "locked_until"));
         }
         Err(why_not_owned(client, scope, key, token, now))
     })

@@ -243,8 +243,22 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
         if keys >= budget {
             return keys;
         }
-        keys + sweep_table(client, &SWEEP_MESSAGES, tables.messages, now, budget - keys)
+        let messages = keys + sweep_table(client, &SWEEP_MESSAGES, tables.messages, now, budget - keys);
+        messages + sweep_outbound(client, budget - messages)
     }))
+}
+
+/// The sending side's rows: sql/send.sql's send_sweep, shared with the portable edition.
+static SWEEP_OUTBOUND: spi::Statement = spi::Statement {
+    sql: "SELECT idempotency.send_sweep($1) AS deleted",
+    args: &[INT8OID],
+    kind: Kind::Write,
+    columns: &["deleted"],
+};
+
+fn sweep_outbound(client: &mut SpiClient<'_>, budget: i64) -> i64 {
+    let result = spi::run(client, &SWEEP_OUTBOUND, &[budget.into()]).first();
+    spi::get::<i64>(&result, &SWEEP_OUTBOUND, "deleted").unwrap_or(0)
 }
 
 fn sweep_table(

@@ -139,7 +139,8 @@ BEGIN
                 EXIT rounds;
             END IF;
             -- The caller's own claim, repeated (its first answer was lost): nothing to write.
-            IF rec.token = idem_claim.token THEN
+            -- Once its lease ended it is taken over below, with the caller's token: reclaimed.
+            IF rec.token = idem_claim.token AND rec.locked_until > now_ THEN
                 answer := ROW('claimed', rec.token, NULL, NULL, NULL, NULL, rec.recovery_point, rec.recovery_data,
                               rec.attempts, rec.expires_at, rec.locked_until);
                 EXIT rounds;

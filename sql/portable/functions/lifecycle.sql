@@ -107,6 +107,7 @@ DECLARE
     size bigint;
     size_limit bigint;
     lease_end timestamptz;
+    lease_given boolean;
     n bigint;
     rec record;
 BEGIN
@@ -131,6 +132,7 @@ BEGIN
             USING ERRCODE = '54000',
                   HINT = 'Raise idempotency.max_response_size, or store a reference to the data instead of the data.';
     END IF;
+    lease_given := lease IS NOT NULL;
     SELECT a.value, a.problem INTO lease, problem
       FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
     IF problem IS NOT NULL THEN
@@ -140,14 +142,18 @@ BEGIN
         RAISE EXCEPTION 'idem_checkpoint cannot run on a read-only server'
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
-    lease_end := now_ + lease;
 
+    -- Without a lease the claim keeps the length of the lease it was made with: every write
+    -- of locked_until sets updated_at to the same now, so the difference is that length.
     UPDATE idempotency.keys AS k
        SET recovery_point = idem_checkpoint.recovery_point, recovery_data = idem_checkpoint.recovery_data,
-           locked_until = lease_end, updated_at = now_
+           locked_until = now_ + CASE WHEN NOT lease_given AND k.locked_until > k.updated_at
+                                      THEN k.locked_until - k.updated_at ELSE lease END,
+           updated_at = now_
      WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
        AND k.token = idem_checkpoint.token AND k.status = 'in_progress'
-       AND k.expires_at > now_;
+       AND k.expires_at > now_
+    RETURNING k.locked_until INTO lease_end;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n = 1 THEN
         RETURN lease_end;

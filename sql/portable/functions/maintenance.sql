@@ -151,7 +151,7 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         swept := swept + n;
     END IF;
-    RETURN swept;
+    RETURN swept + idempotency.send_sweep(max_rows - swept);
 END
 $$;
 

@@ -83,6 +83,8 @@ BEGIN
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
           AND p.proargnames[1] OPERATOR(pg_catalog.=) 'scope'
           AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.text'::regtype
+          -- The sending side's table stays on the coordinator (docs/operations.md).
+          AND p.proname OPERATOR(pg_catalog.<>) ALL (ARRAY['idem_send', 'idem_send_result'])
         ORDER BY p.proname
     LOOP
         object := fn::text;
@@ -147,6 +149,8 @@ BEGIN
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
           AND p.proargnames[1] OPERATOR(pg_catalog.=) 'scope'
           AND p.proargtypes[0] OPERATOR(pg_catalog.=) 'pg_catalog.text'::regtype
+          -- The sending side's table stays on the coordinator (docs/operations.md).
+          AND p.proname OPERATOR(pg_catalog.<>) ALL (ARRAY['idem_send', 'idem_send_result'])
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SUPPORT idempotency.idem_scope_support', fn);
     END LOOP;

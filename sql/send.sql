@@ -368,6 +368,9 @@ BEGIN
             END IF;
             IF v_row.attempts > 0 THEN
                 IF v_allowance IS NULL THEN
+                    -- This call's first attempts count toward the budget it reads.
+                    PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
+                    v_firsts := 0;
                     v_allowance := idempotency.send_retry_allowance(v_target);
                 END IF;
                 -- Past the budget: the rest of this target's due rows are retries too.
@@ -463,8 +466,8 @@ BEGIN
             USING ERRCODE = 'IK003';
     END IF;
     IF v_row.state <> 'sending' OR v_row.token IS DISTINCT FROM p_token THEN
-        RAISE EXCEPTION 'token % no longer holds operation "%" in scope "%"',
-              p_token, p_operation, p_scope
+        RAISE EXCEPTION 'the token no longer holds operation "%" in scope "%"',
+              p_operation, p_scope
             USING ERRCODE = 'IK002',
                   HINT = 'Its lease ended and another sender took it, or its result was recorded.';
     END IF;

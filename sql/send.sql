@@ -292,6 +292,30 @@ BEGIN
 END
 $$;
 
+-- One due row (locked by the caller): handed out (true: sending under a new lease and token,
+-- attempts + 1), or, past give_up_at, gave_up (false).
+CREATE FUNCTION idempotency.send_hand_out(r idempotency.outbound, lease interval) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF r.give_up_at <= now() THEN
+        UPDATE idempotency.outbound AS o
+           SET state = 'gave_up', token = NULL, locked_until = NULL, finished_at = now(),
+               expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours'),
+               last_error = coalesce(CASE WHEN r.state = 'sending' THEN 'lease ended without a result' END, o.last_error)
+         WHERE o.scope = r.scope AND o.operation = r.operation;
+        RETURN false;
+    END IF;
+    UPDATE idempotency.outbound AS o
+       SET state = 'sending', attempts = o.attempts + 1, token = gen_random_uuid(),
+           locked_until = now() + lease, next_attempt_at = now() + lease,
+           last_error = CASE WHEN r.state = 'sending' THEN 'lease ended without a result' ELSE o.last_error END
+     WHERE o.scope = r.scope AND o.operation = r.operation;
+    RETURN true;
+END
+$$;
+
 CREATE FUNCTION idempotency.send_take(p_target text, p_max_rows int, p_lease interval,
                                       p_scope text, p_operation text)
 RETURNS TABLE (o_scope text, o_operation text, o_target text, o_key text, o_request jsonb,
@@ -307,7 +331,6 @@ DECLARE
     v_firsts bigint;
     v_retries bigint;
     v_row idempotency.outbound;
-    v_token uuid;
 BEGIN
     IF p_max_rows IS NULL THEN
         RAISE EXCEPTION 'argument "max_rows" must not be null' USING ERRCODE = '22004';
@@ -348,58 +371,49 @@ BEGIN
         v_firsts := 0;
         v_retries := 0;
         -- First attempts first (never held back by the budget), then retries; each due-first.
+        -- Each query is LIMITed to what may be handed out: FOR UPDATE locks every row the
+        -- loop fetches, and a row locked but not handed out would be kept from other senders.
         FOR v_row IN
             SELECT o.* FROM idempotency.outbound AS o
-             WHERE o.target = v_target
-               AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
-               AND (p_scope IS NULL
-                    OR (o.scope = p_scope AND o.operation = p_operation))
-             ORDER BY (o.attempts = 0 AND o.state = 'pending') DESC, o.next_attempt_at
+             WHERE o.target = v_target AND o.state = 'pending' AND o.attempts = 0
+               AND o.next_attempt_at <= now()
+               AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation))
+             ORDER BY o.next_attempt_at LIMIT v_left
                FOR UPDATE SKIP LOCKED
         LOOP
-            IF v_row.give_up_at <= now() THEN
-                UPDATE idempotency.outbound AS o
-                   SET state = 'gave_up', token = NULL, locked_until = NULL, finished_at = now(),
-                       expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours'),
-                       last_error = coalesce(CASE WHEN v_row.state = 'sending'
-                                                  THEN 'lease ended without a result' END, o.last_error)
-                 WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
-                CONTINUE;
-            END IF;
-            IF v_row.attempts > 0 THEN
-                IF v_allowance IS NULL THEN
-                    -- This call's first attempts count toward the budget it reads.
-                    PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
-                    v_firsts := 0;
-                    v_allowance := idempotency.send_retry_allowance(v_target);
-                END IF;
-                -- Past the budget: the rest of this target's due rows are retries too.
-                EXIT WHEN v_retries >= v_allowance;
-                v_retries := v_retries + 1;
-            ELSE
+            IF idempotency.send_hand_out(v_row, v_lease) THEN
                 v_firsts := v_firsts + 1;
+                RETURN QUERY SELECT v_row.scope, v_row.operation, v_row.target, v_row.key, v_row.request,
+                                    v_row.attempts + 1, o.token, o.locked_until, v_row.give_up_at
+                               FROM idempotency.outbound AS o
+                              WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+                v_left := v_left - 1;
             END IF;
-            v_token := gen_random_uuid();
-            UPDATE idempotency.outbound AS o
-               SET state = 'sending', attempts = o.attempts + 1, token = v_token,
-                   locked_until = now() + v_lease, next_attempt_at = now() + v_lease,
-                   last_error = CASE WHEN v_row.state = 'sending'
-                                     THEN 'lease ended without a result' ELSE o.last_error END
-             WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
-            o_scope := v_row.scope;
-            o_operation := v_row.operation;
-            o_target := v_row.target;
-            o_key := v_row.key;
-            o_request := v_row.request;
-            o_attempt := v_row.attempts + 1;
-            o_token := v_token;
-            o_locked_until := now() + v_lease;
-            o_give_up_at := v_row.give_up_at;
-            RETURN NEXT;
-            v_left := v_left - 1;
-            EXIT WHEN v_left = 0;
         END LOOP;
-        PERFORM idempotency.send_count_attempts(v_target, v_firsts, v_retries);
+        -- This call's first attempts count toward the budget the retries read.
+        PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
+        v_allowance := CASE WHEN v_left > 0 THEN idempotency.send_retry_allowance(v_target) ELSE 0 END;
+        IF v_allowance > 0 THEN
+            FOR v_row IN
+                SELECT o.* FROM idempotency.outbound AS o
+                 WHERE o.target = v_target AND o.state IN ('pending', 'sending')
+                   AND NOT (o.state = 'pending' AND o.attempts = 0)
+                   AND o.next_attempt_at <= now()
+                   AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation))
+                 ORDER BY o.next_attempt_at LIMIT least(v_left, v_allowance)
+                   FOR UPDATE SKIP LOCKED
+            LOOP
+                IF idempotency.send_hand_out(v_row, v_lease) THEN
+                    v_retries := v_retries + 1;
+                    RETURN QUERY SELECT v_row.scope, v_row.operation, v_row.target, v_row.key, v_row.request,
+                                        v_row.attempts + 1, o.token, o.locked_until, v_row.give_up_at
+                                   FROM idempotency.outbound AS o
+                                  WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+                    v_left := v_left - 1;
+                END IF;
+            END LOOP;
+        END IF;
+        PERFORM idempotency.send_count_attempts(v_target, 0, v_retries);
     END LOOP;
 END
 $$;

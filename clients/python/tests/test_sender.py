@@ -1,0 +1,279 @@
+"""The sender (pg_idempotency.sender) against the real extension and a real HTTP receiver
+(a threading HTTP server in this process that answers from a script and logs every
+request's Idempotency-Key)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import free_port
+from pg_idempotency.sender import (Delivered, NotYet, Sender, Unknown, key_header, parse_retry_after,
+                                   prepare)
+
+DEMO = Path(__file__).resolve().parent.parent / "demo" / "send_demo.py"
+
+
+class Receiver:
+    """Answers POSTs from `script` (a list of (status, headers) used in turn; the last one
+    repeats) and logs (path, Idempotency-Key, body) of each."""
+
+    def __init__(self, script=((201, {}),)):
+        self.script = list(script)
+        self.log: list[tuple[str, str, bytes]] = []
+        self.arrived = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.log.append((self.path, self.headers.get("Idempotency-Key"), body))
+                receiver.arrived.set()
+                status, headers = receiver.script[min(len(receiver.log), len(receiver.script)) - 1]
+                answer = json.dumps({"n": len(receiver.log)}).encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/charges"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def keys(self) -> set[str]:
+        return {k for _, k, _ in self.log}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def send_db(db_url):
+    """Quick retries for these tests (the database's default, which the senders' own
+    connections read)."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute("ALTER DATABASE idem_py SET idempotency.send_backoff_base = '50ms'")
+        c.execute("ALTER DATABASE idem_py SET idempotency.send_backoff_cap = '200ms'")
+    return db_url
+
+
+@pytest.fixture()
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def new_op(name: str) -> str:
+    return f"{name}-{time.monotonic_ns()}:charge"
+
+
+def prepared(db: str, op: str, target: str, request=None, **kw):
+    with psycopg.connect(db) as conn:
+        p = prepare(conn, "shop", op, target, request if request is not None else {"amount": 1}, **kw)
+        conn.commit()
+    return p
+
+
+def sender(db, receiver, target, **kw):
+    return Sender(db, urls={target: receiver.url}, lease=timedelta(seconds=5), timeout=2, **kw)
+
+
+# --- pure rules ------------------------------------------------------------------------------
+
+def test_key_header_is_an_sf_string():
+    assert key_header("k-1") == '"k-1"'
+    assert key_header('a"b\\c') == '"a\\"b\\\\c"'
+
+
+def test_retry_after_seconds_and_http_date():
+    now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_retry_after("7", now) == timedelta(seconds=7)
+    assert parse_retry_after("Thu, 03 Dec 2026 12:00:30 GMT", now) == timedelta(seconds=30)
+    assert parse_retry_after("Thu, 03 Dec 2026 11:00:00 GMT", now) == timedelta(0)
+    assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
+
+
+def test_a_sender_needs_a_way_to_send_and_a_lease_longer_than_its_timeout(send_db):
+    with pytest.raises(ValueError):
+        Sender(send_db)
+    with pytest.raises(ValueError):
+        Sender(send_db, urls={"t": "http://127.0.0.1:9/"}, timeout=30, lease=timedelta(seconds=10))
+
+
+# --- prepare, in the caller's transaction ----------------------------------------------------
+
+def test_prepare_is_part_of_the_callers_transaction(send_db):
+    op = new_op("rolled-back")
+    with psycopg.connect(send_db) as conn:
+        p = prepare(conn, "shop", op, "t-rollback", {"amount": 1})
+        assert p.state == "pending" and len(p.key) == 36
+        conn.rollback()
+        assert conn.execute("SELECT count(*) FROM idempotency.outbound WHERE operation = %s", (op,)).fetchone()[0] == 0
+
+
+def test_prepare_twice_returns_the_same_key(send_db):
+    op = new_op("twice")
+    first = prepared(send_db, op, "t-twice")
+    again = prepared(send_db, op, "t-twice")
+    assert again.key == first.key
+    with psycopg.connect(send_db) as conn:
+        with pytest.raises(psycopg.Error) as e:
+            prepare(conn, "shop", op, "t-twice", {"amount": 2})
+        assert e.value.sqlstate == "IK004"
+
+
+# --- deliver, right after COMMIT -------------------------------------------------------------
+
+def test_deliver_sends_once_with_the_key_and_returns_the_answer(send_db, receiver):
+    op = new_op("deliver")
+    p = prepared(send_db, op, "t-deliver", {"amount": 5, "currency": "eur"})
+    with sender(send_db, receiver, "t-deliver") as s:
+        result = s.deliver("shop", op)
+        assert isinstance(result, Delivered) and result.status == 201 and result.json() == {"n": 1}
+        # Done: asking again sends nothing and answers from the record.
+        again = s.deliver("shop", op)
+        assert isinstance(again, Delivered) and again.status == 201
+    assert [(k, json.loads(b)) for _, k, b in receiver.log] == [(key_header(p.key), {"amount": 5, "currency": "eur"})]
+    assert prepared(send_db, op, "t-deliver", {"amount": 5, "currency": "eur"}).response.status == 201
+
+
+def test_a_final_4xx_is_done_and_not_retried(send_db):
+    r = Receiver([(422, {})])
+    try:
+        op = new_op("declined")
+        prepared(send_db, op, "t-422")
+        with sender(send_db, r, "t-422") as s:
+            result = s.deliver("shop", op)
+            assert isinstance(result, Delivered) and result.status == 422
+            assert s.run_once("t-422") == 0
+        assert len(r.log) == 1
+    finally:
+        r.close()
+
+
+# --- the worker ------------------------------------------------------------------------------
+
+def test_the_worker_retries_503_with_the_same_key(send_db):
+    r = Receiver([(503, {}), (503, {}), (201, {})])
+    try:
+        op = new_op("retry")
+        p = prepared(send_db, op, "t-503")
+        finished = []
+        with sender(send_db, r, "t-503", on_finished=lambda a, res: finished.append(res)) as s:
+            s.run("t-503", until_idle=True)
+        assert len(r.log) == 3 and r.keys() == {key_header(p.key)}
+        assert isinstance(finished[0], Delivered) and finished[0].status == 201
+        with psycopg.connect(send_db) as conn:
+            state, attempts = conn.execute("SELECT state, attempts FROM idempotency.outbound WHERE operation = %s",
+                                           (op,)).fetchone()
+        assert (state, attempts) == ("done", 3)
+    finally:
+        r.close()
+
+
+def test_429_with_retry_after_is_not_retried_before_it(send_db):
+    r = Receiver([(429, {"Retry-After": "2"}), (201, {})])
+    try:
+        op = new_op("slow-down")
+        prepared(send_db, op, "t-429")
+        with sender(send_db, r, "t-429") as s:
+            before = datetime.now(timezone.utc)
+            result = s.deliver("shop", op)
+            assert isinstance(result, NotYet) and result.state == "pending" and result.last_status == 429
+            assert result.next_attempt_at >= before + timedelta(seconds=2)
+            assert s.run_once("t-429") == 0  # not due yet
+    finally:
+        r.close()
+
+
+def test_a_receiver_that_is_down_is_no_answer_and_stays_pending(send_db):
+    op = new_op("down")
+    prepared(send_db, op, "t-down")
+    port = free_port()  # nothing listens there
+    with Sender(send_db, urls={"t-down": f"http://127.0.0.1:{port}/charges"}, lease=timedelta(seconds=5), timeout=2) as s:
+        result = s.deliver("shop", op)
+    assert isinstance(result, NotYet) and result.state == "pending"
+    assert result.last_status is None and result.last_error.startswith("connection failed")
+
+
+def test_no_final_answer_before_give_up_after_is_unknown(send_db):
+    r = Receiver([(503, {})])
+    try:
+        op = new_op("give-up")
+        prepared(send_db, op, "t-give-up", give_up_after=timedelta(milliseconds=300))
+        finished = []
+        with sender(send_db, r, "t-give-up", on_finished=lambda a, res: finished.append(res)) as s:
+            s.run("t-give-up", until_idle=True)
+            final = s.status("shop", op)
+        assert isinstance(final, Unknown) and final.last_status == 503
+        # Gave up at a result (Unknown), or while waiting for its retry (idem_send_next marks
+        # it without an attempt): never reported as delivered.
+        assert not any(isinstance(x, Delivered) for x in finished)
+        assert len(r.log) >= 1 and len(r.keys()) == 1
+    finally:
+        r.close()
+
+
+def test_the_worker_wakes_on_notify_not_on_its_poll(send_db, receiver):
+    """Poll interval 60 s: a send committed while the worker waits is sent once its NOTIFY
+    arrives (the bound here is generous; it only tells a wake-up from a poll)."""
+    stop = threading.Event()
+    with sender(send_db, receiver, "t-notify", poll_interval=60) as s:
+        worker = threading.Thread(target=s.run, args=("t-notify",), kwargs={"stop": stop})
+        worker.start()
+        try:
+            time.sleep(0.5)  # the worker has found nothing and waits
+            prepared(send_db, new_op("notify"), "t-notify")
+            assert receiver.arrived.wait(20), "the worker did not wake up on the NOTIFY"
+        finally:
+            stop.set()
+            with psycopg.connect(send_db, autocommit=True) as c:
+                c.execute("NOTIFY idempotency_send, 't-notify'")
+            worker.join(30)
+    assert not worker.is_alive()
+
+
+# --- the send demo program -------------------------------------------------------------------
+
+def test_the_send_demo_program(send_db, receiver):
+    env = {**os.environ, "DATABASE_URL": send_db, "RECEIVER_URL": receiver.url, "TARGET": "t-demo",
+           "SEND_LEASE_MS": "5000", "SEND_TIMEOUT_MS": "2000"}
+    prefix = f"demo{time.monotonic_ns()}"
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(DEMO), *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    out = run("prepare", "3", prefix)
+    assert out.returncode == 0 and out.stdout.strip() == "prepared 3", out.stderr
+    out = run("work", "--until-idle")
+    assert out.returncode == 0, out.stderr
+    assert sorted(line for line in out.stdout.splitlines() if line.startswith("finished")) == \
+        [f"finished {prefix}-{i}:charge done 201" for i in (1, 2, 3)]
+    out = run("inline", "2", prefix + "i")
+    assert out.returncode == 0, out.stderr
+    assert [line for line in out.stdout.splitlines() if line.startswith("delivered")] == \
+        [f"delivered {prefix}i-{i}:charge done 201" for i in (1, 2)]
+    assert len(receiver.log) == 5 and len(receiver.keys()) == 5
+    with psycopg.connect(send_db) as conn:
+        kept = conn.execute("SELECT count(*) FROM send_demo_orders AS o JOIN idempotency.outbound AS s "
+                            "ON s.key = o.payment_key WHERE o.id LIKE %s", (prefix + "%",)).fetchone()[0]
+    assert kept == 5

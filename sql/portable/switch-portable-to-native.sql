@@ -27,8 +27,9 @@ BEGIN
          WHERE p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
            AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_claim', 'idem_complete', 'idem_checkpoint',
                     'idem_release', 'idem_lookup', 'idem_seen', 'idem_seen_many', 'idem_sweep', 'idem_reclaim_stale',
-                    'idem_fingerprint', 'idem_sweep_all', 'schedule_maintenance', 'distribute'])
-                OR p.proname OPERATOR(pg_catalog.~) '^portable_')
+                    'idem_fingerprint', 'idem_sweep_all', 'schedule_maintenance', 'distribute', 'idem_send',
+                    'idem_send_next', 'idem_send_result'])
+                OR p.proname OPERATOR(pg_catalog.~) '^(portable|send)_')
     LOOP
         EXECUTE pg_catalog.format('DROP %s %s', CASE WHEN fn.prokind OPERATOR(pg_catalog.=) 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, fn.signature);
     END LOOP;
@@ -36,7 +37,7 @@ END
 $$;
 DROP VIEW idempotency.stats;
 DROP TYPE idempotency.claim_result;
-DROP TABLE idempotency.keys, idempotency.messages;
+DROP TABLE idempotency.keys, idempotency.messages, idempotency.outbound, idempotency.outbound_budget;
 -- The release whose table and functions the portable edition has (0.5.0: a portable install
 -- at an older release runs its upgrade files first); ALTER EXTENSION idempotency UPDATE
 -- afterwards moves on to the newest.

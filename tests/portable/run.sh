@@ -389,8 +389,8 @@ section_extension() {
               -c "SELECT count(*) FROM idempotency.keys" 2>&1 | paste -sd'|')"
     check "$M extension: ... the same objects as CREATE EXTENSION at $VERSION" "" \
         "$(diff <(q "$OWNER" port_ext -f "$DESCRIBE") <(q "$OWNER" port_ext_up -f "$DESCRIBE") | head -10)"
-    check "$M extension: both tables are extension configuration (pg_dump keeps their rows)" \
-        "{idempotency.keys,idempotency.messages}" \
+    check "$M extension: the three tables are extension configuration (pg_dump keeps their rows)" \
+        "{idempotency.keys,idempotency.messages,idempotency.outbound}" \
         "$(q "$OWNER" port_ext -c "SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency'")"
     "$BIN/pg_dump" -h "$HOST" -p "$PORT" -U "$OWNER" -f "$WORK/ext.sql" port_ext
     check "$M extension: pg_dump has CREATE EXTENSION and the rows, not the functions" "1 1 0" \

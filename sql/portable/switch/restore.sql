@@ -3,6 +3,8 @@
 -- not have (an edition's own helper) is left out.
 INSERT INTO idempotency.keys SELECT * FROM idem_switch_keys;
 INSERT INTO idempotency.messages SELECT * FROM idem_switch_messages;
+INSERT INTO idempotency.outbound SELECT * FROM idem_switch_outbound;
+INSERT INTO idempotency.outbound_budget SELECT * FROM idem_switch_outbound_budget;
 
 DO $$
 DECLARE

@@ -1,11 +1,14 @@
 -- Part of a switch between the editions (sql/portable/switch-*.sql); runs inside its
--- transaction. Locks both tables (callers wait until the switch commits) and keeps, in
+-- transaction. Locks the tables (callers wait until the switch commits) and keeps, in
 -- temporary tables dropped at commit, what the new edition must get back: every row, the
 -- grants on the tables, the view and the functions, and the row-level security policies.
-LOCK TABLE idempotency.keys, idempotency.messages IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE idempotency.keys, idempotency.messages, idempotency.outbound, idempotency.outbound_budget
+    IN ACCESS EXCLUSIVE MODE;
 
 CREATE TEMP TABLE idem_switch_keys ON COMMIT DROP AS SELECT * FROM idempotency.keys;
 CREATE TEMP TABLE idem_switch_messages ON COMMIT DROP AS SELECT * FROM idempotency.messages;
+CREATE TEMP TABLE idem_switch_outbound ON COMMIT DROP AS SELECT * FROM idempotency.outbound;
+CREATE TEMP TABLE idem_switch_outbound_budget ON COMMIT DROP AS SELECT * FROM idempotency.outbound_budget;
 
 -- Grants: kind, object name, argument types (functions), grantee (0: PUBLIC), privilege. The
 -- owner of the tables and the view gets ALL on the new ones (the new edition's objects
@@ -16,13 +19,13 @@ SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END AS kind, c.relname::
        NULL::text AS args, a.grantee, a.privilege_type AS privilege, a.is_grantable
   FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'stats'])
+   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats'])
    AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END, c.relname::text, NULL, c.relowner, 'ALL', false
   FROM pg_catalog.pg_class AS c
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'stats'])
+   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats'])
 UNION ALL
 SELECT 'FUNCTION', p.proname::text, pg_catalog.oidvectortypes(p.proargtypes),
        a.grantee, a.privilege_type, a.is_grantable
@@ -43,7 +46,7 @@ CREATE TEMP TABLE idem_switch_rls ON COMMIT DROP AS
 SELECT c.relname::text AS name, c.relrowsecurity AS enabled, c.relforcerowsecurity AS forced
   FROM pg_catalog.pg_class AS c
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages']);
+   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget']);
 CREATE TEMP TABLE idem_switch_policies ON COMMIT DROP AS
 SELECT pg_catalog.format('CREATE POLICY %I ON idempotency.%I AS %s FOR %s TO %s%s%s',
            p.policyname, p.tablename, p.permissive, p.cmd,

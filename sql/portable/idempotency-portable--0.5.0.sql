@@ -1690,6 +1690,17 @@ BEGIN
         v_allowance := NULL;
         v_firsts := 0;
         v_retries := 0;
+        -- Due rows past give_up_at become gave_up now, whatever the budget holds back.
+        FOR v_row IN
+            SELECT o.* FROM idempotency.outbound AS o
+             WHERE o.target = v_target AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
+               AND o.give_up_at <= now()
+               AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation))
+             ORDER BY o.next_attempt_at LIMIT 1000
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            PERFORM idempotency.send_hand_out(v_row, v_lease);
+        END LOOP;
         -- First attempts first (never held back by the budget), then retries; each due-first.
         -- Each query is LIMITed to what may be handed out: FOR UPDATE locks every row the
         -- loop fetches, and a row locked but not handed out would be kept from other senders.

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The sending side end to end (tests/sending/README.md): a real receiver (the Python package's
+# FastAPI demo app, which de-duplicates with the extension) behind a fault proxy, and each
+# client package's send demo program (tests/sending/senders/*.json) as real processes,
+# killed with SIGKILL at the points that matter. PostgreSQL 15; ports: tests/lib.sh's
+# "sending" row.
+#   tests/sending/run.sh [LANG...]     default: every language with a sender file
+# Last line: "sending: N passed, M failed".
+set -uo pipefail
+. "$(dirname "$0")/../lib.sh" || exit 2
+cd "$ROOT" || exit 2
+DIR=$(dir_of sending)
+PORT=$(port_of sending)
+venv=$ROOT/clients/python/.venv
+
+give_up() { echo "sending: $*" >&2; echo "sending: 0 passed, 1 failed"; exit 1; }
+
+# The receiver and the Python sender run in the Python package's venv (clients/python/test.sh
+# makes it; made here the same way when this suite runs alone).
+if [ ! -x "$venv/bin/uvicorn" ]; then
+    python3 -m venv "$venv" || give_up "python3 -m venv failed"
+    "$venv/bin/pip" install -q --disable-pip-version-check -c clients/python/constraints.txt \
+        "./clients/python[test]" || give_up "pip install of clients/python[test] failed"
+fi
+extension_installed || give_up "the extension is not installed into PostgreSQL $PG_MAJOR (scripts/test.sh installs it)"
+
+trap 'cluster_stop "$DIR"' EXIT
+cluster_fresh "$DIR" "$PORT" "$LISTEN_TCP" || give_up "the cluster did not start"
+for db in send_sender send_receiver; do
+    fresh_database "$db" -h "$DIR/socket" -p "$PORT" -U postgres >/dev/null || give_up "creating $db failed"
+done
+"$venv/bin/python" tests/sending/run.py --pg-port "$PORT" --first-port $((PORT + 1)) "$@"

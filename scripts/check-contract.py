@@ -279,9 +279,10 @@ def check_settings(c, contract, files):
                     ok, f"default {shown}, range {low} to {high}")
         elif s["type"] == "real":
             static = re.search(rf'define_float_guc\(\s*c"{re.escape(s["name"])}",.*?&(\w+),', rs, re.DOTALL)
-            default = static and re.search(rf"{static.group(1)}: GucSetting<f64> = GucSetting::<f64>::new\(([\d.]+)\)", rs)
-            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}", bool(default) and default.group(1) == s["default"],
-                    str(default and default.group(1)))
+            default = static and re.search(
+                rf"{static.group(1)}: GucSetting<f64> = GucSetting::<f64>::new\(([\d.]+)\)", rs)
+            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}",
+                    bool(default) and default.group(1) == s["default"], str(default and default.group(1)))
         else:
             c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}", strings.get(s["name"]) == s["default"],
                     str(strings.get(s["name"])))

@@ -109,7 +109,8 @@ class Proxy:
                     conn.request("POST", self.path, body, headers)
                     r = conn.getresponse()
                     answer, status = r.read(), r.status
-                    rheaders = {k: v for k, v in r.getheaders() if k.lower() in ("content-type", "location", "retry-after")}
+                    kept = ("content-type", "location", "retry-after")
+                    rheaders = {k: v for k, v in r.getheaders() if k.lower() in kept}
                     conn.close()
                 except OSError:
                     return self.answer(502, {}, b"")
@@ -221,8 +222,8 @@ class World:
         return dict(rows)
 
     def states(self, prefix: str) -> dict[str, str]:
-        rows = self.sender_sql("SELECT operation, state FROM idempotency.outbound WHERE scope = %s AND operation LIKE %s",
-                               (SCOPE, prefix + "-%"))
+        rows = self.sender_sql("SELECT operation, state FROM idempotency.outbound "
+                               "WHERE scope = %s AND operation LIKE %s", (SCOPE, prefix + "-%"))
         return dict(rows)
 
 
@@ -258,7 +259,8 @@ def scenario_happy(w: World, lang: Lang):
     check(f"{lang.name} happy: one request per operation", len(w.proxy.log) == 5, str(len(w.proxy.log)))
     rc, out, err = lang.run("inline", "3", p + "i", tenant=t + "i")
     check(f"{lang.name} inline: each delivered right after its COMMIT, done 201",
-          [x.split()[2:] for x in out if x.startswith("delivered")] == [["done", "201"]] * 3, "\n".join(out) + err[-300:])
+          [x.split()[2:] for x in out if x.startswith("delivered")] == [["done", "201"]] * 3,
+          "\n".join(out) + err[-300:])
 
 
 def scenario_kills(w: World, lang: Lang):
@@ -415,11 +417,12 @@ def scenario_give_up(w: World, lang: Lang):
         w.sender_sql("ALTER DATABASE send_sender RESET idempotency.send_give_up_after")
         w.proxy.up()
     got = w.states(p)
-    check(f"{name} give up: every operation ended gave_up", len(got) == 3 and set(got.values()) == {"gave_up"}, str(got))
+    check(f"{name} give up: every operation ended gave_up", len(got) == 3 and set(got.values()) == {"gave_up"},
+          str(got))
     check(f"{name} give up: reported as unknown, never as failed or done",
           all(x.endswith("gave_up unknown") for x in out if x.startswith("finished")), "\n".join(out))
-    late = w.sender_sql("SELECT count(*) FROM idempotency.outbound WHERE operation LIKE %s AND finished_at > give_up_at "
-                        "+ interval '1 second'", (p + "-%",))[0][0]
+    late = w.sender_sql("SELECT count(*) FROM idempotency.outbound WHERE operation LIKE %s "
+                        "AND finished_at > give_up_at + interval '1 second'", (p + "-%",))[0][0]
     check(f"{name} give up: nothing attempted after give_up_at", late == 0, f"{late} finished late: " + str(
         w.sender_sql("SELECT attempts, give_up_at - created_at, finished_at - give_up_at, last_error "
                      "FROM idempotency.outbound WHERE operation LIKE %s", (p + "-%",))))

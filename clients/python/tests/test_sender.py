@@ -208,7 +208,8 @@ def test_a_receiver_that_is_down_is_no_answer_and_stays_pending(send_db):
     op = new_op("down")
     prepared(send_db, op, "t-down")
     port = free_port()  # nothing listens there
-    with Sender(send_db, urls={"t-down": f"http://127.0.0.1:{port}/charges"}, lease=timedelta(seconds=5), timeout=2) as s:
+    urls = {"t-down": f"http://127.0.0.1:{port}/charges"}
+    with Sender(send_db, urls=urls, lease=timedelta(seconds=5), timeout=2) as s:
         result = s.deliver("shop", op)
     assert isinstance(result, NotYet) and result.state == "pending"
     assert result.last_status is None and result.last_error.startswith("connection failed")

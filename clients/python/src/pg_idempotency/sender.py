@@ -17,7 +17,6 @@ from __future__ import annotations
 import email.utils
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -186,16 +185,18 @@ class Sender:
     """Sends due requests: `deliver` (one operation, right after COMMIT) and `run` (a worker).
 
     `urls` maps a target to the URL its requests are POSTed to (the request as JSON, with the
-    target's extra `headers`, e.g. its credentials), or `send` is your own function (an Attempt in, an Answer out; raise nothing, return
-    Answer(None, error=...) for no answer). `timeout` bounds one HTTP attempt and must stay
-    below `lease`, the time a sender holds a send before another may take it over.
-    `on_attempt` is called after each attempt, `on_finished` when an attempt's result
-    finished the send (done, or gave_up at that result). A send whose give_up_at passes while
-    it waits for its retry is marked gave_up by idem_send_next without an attempt: `status`
-    (or the outbound row) tells."""
+    target's extra `headers`, e.g. its credentials), or `send` is your own function (an
+    Attempt in, an Answer out; raise nothing, return Answer(None, error=...) for no answer).
+    `timeout` bounds one HTTP attempt and must stay below `lease`, the time a sender holds a
+    send before another may take it over. `on_attempt` is called after each attempt,
+    `on_finished` when an attempt's result finished the send (done, or gave_up at that
+    result). A send whose give_up_at passes while it waits for its retry is marked gave_up by
+    idem_send_next without an attempt: `status` (or the outbound row) tells.
+    """
 
-    def __init__(self, conninfo: str, *, urls: Mapping[str, str] | None = None, send: SendFunction | None = None,
-                 headers: Mapping[str, Mapping[str, str]] | None = None, timeout: float = 10.0, lease: timedelta = timedelta(seconds=30), concurrency: int = 4,
+    def __init__(self, conninfo: str, *, urls: Mapping[str, str] | None = None,
+                 send: SendFunction | None = None, headers: Mapping[str, Mapping[str, str]] | None = None,
+                 timeout: float = 10.0, lease: timedelta = timedelta(seconds=30), concurrency: int = 4,
                  poll_interval: float = 1.0,
                  on_attempt: Callable[[Attempt, Answer], None] | None = None,
                  on_finished: Callable[[Attempt, Result], None] | None = None):

@@ -592,7 +592,21 @@ BEGIN
         END LOOP;
         -- This call's first attempts count toward the budget the retries read.
         PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
-        v_allowance := CASE WHEN v_left > 0 THEN idempotency.send_retry_allowance(v_target) ELSE 0 END;
+        -- Retries: senders of one target take them one transaction at a time, so that each
+        -- reads the budget with the retries of the others counted (their transactions end
+        -- right after idem_send_next). Only when a retry is due: first attempts never wait.
+        IF v_left > 0 AND EXISTS (
+            SELECT FROM idempotency.outbound AS o
+             WHERE o.target = v_target AND o.state IN ('pending', 'sending')
+               AND NOT (o.state = 'pending' AND o.attempts = 0)
+               AND o.next_attempt_at <= now()
+               AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation)))
+        THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('idempotency.outbound_budget ' || v_target, 0));
+            v_allowance := idempotency.send_retry_allowance(v_target);
+        ELSE
+            v_allowance := 0;
+        END IF;
         IF v_allowance > 0 THEN
             FOR v_row IN
                 SELECT o.* FROM idempotency.outbound AS o
@@ -746,6 +760,13 @@ AS $$
 DECLARE
     deleted bigint := 0;
 BEGIN
+    -- A role granted only the tables of 0.4 (keys, messages) keeps sweeping those: the
+    -- outbound rows wait for a role that may delete them.
+    IF NOT (has_table_privilege('idempotency.outbound', 'SELECT') AND has_table_privilege('idempotency.outbound', 'UPDATE')
+            AND has_table_privilege('idempotency.outbound', 'DELETE')
+            AND has_table_privilege('idempotency.outbound_budget', 'DELETE')) THEN
+        RETURN 0;
+    END IF;
     IF max_rows > 0 THEN
         DELETE FROM idempotency.outbound AS o
          USING (SELECT p.scope, p.operation FROM idempotency.outbound AS p

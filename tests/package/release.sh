@@ -50,7 +50,11 @@ HISTORY=(':!CHANGELOG.md' ':!BENCHMARKS.md' ':!packaging/debian/changelog' ':!sq
     ':!*.lock' ':!*package-lock.json')
 # Lines elsewhere that name a release as history (true whatever the version is now). Drop
 # an entry once the version has moved past the release it names.
-HISTORY_LINES='^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1|^docs/portable\.md:[0-9]+:.*(The native 0\.4\.1 view|The edits of 0\.4\.1, both unified in 0\.5\.0)'
+# Also, anywhere: a version in parentheses, "(X)", "(X: ...", "(X; ...", "(X, ...", the
+# docs' mark of the release that brought a thing, and "before X", "since X", "new in X",
+# "Release X".
+V='[0-9]+\.[0-9]+\.[0-9]+'
+HISTORY_LINES="\\(${V}[),:;]|(before|since|new in|[Rr]elease) $V|"'^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1|^docs/portable\.md:[0-9]+:.*(The native 0\.4\.1 view|The edits of 0\.4\.1, both unified in 0\.5\.0)'
 check "no file states $OLD where the version moves (history files and lines aside)" "" \
     "$(mentions "${HISTORY[@]}" | grep -Ev "$HISTORY_LINES")"
 # shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion

@@ -21,8 +21,17 @@ check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables 
                                has_table_privilege('sec_nogrants', 'idempotency.messages', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.stats', 'SELECT')")"
 if [ "$PORTABLE" = 0 ]; then
-    check "only the plpgsql helpers pin their search_path (the others qualify every name)" "distribute,schedule_maintenance" \
-        "$(val postgres $DB "SELECT string_agg(proname, ',' ORDER BY proname) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proconfig IS NOT NULL")"
+    # The Rust functions qualify every name; those written in SQL or PL/pgSQL (sql/*.sql:
+    # distribute, schedule_maintenance, the sending side) pin their search_path. The procedure
+    # idem_sweep_all cannot (a SET clause forbids its COMMITs) and qualifies every name.
+    check "every SQL and PL/pgSQL function pins its search_path, no C function does (none listed)" "" \
+        "$(val postgres $DB "SELECT string_agg(p.proname, ',' ORDER BY p.proname) FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+                             WHERE p.pronamespace = 'idempotency'::regnamespace AND p.prokind = 'f'
+                               AND (l.lanname = 'c') = (p.proconfig IS NOT NULL)")"
+    check "the functions written in SQL or PL/pgSQL include distribute, schedule_maintenance and idem_send" 3 \
+        "$(val postgres $DB "SELECT count(*) FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+                             WHERE p.pronamespace = 'idempotency'::regnamespace AND l.lanname IN ('sql', 'plpgsql')
+                               AND p.proname IN ('distribute', 'schedule_maintenance', 'idem_send')")"
 else
     # portable: every function is PL/pgSQL or SQL and pins its search_path; the procedure
     # idem_sweep_all cannot (a SET clause forbids its COMMITs) and qualifies every name.
@@ -43,6 +52,9 @@ TABLE_CALLS=(
     "idem_reclaim_stale(release => false)|SELECT * FROM idempotency.idem_reclaim_stale(10, false);"
     "CALL idem_sweep_all|CALL idempotency.idem_sweep_all();"
     "the stats view|SELECT * FROM idempotency.stats;"
+    "idem_send|SELECT * FROM idempotency.idem_send('s', 'op', 't');"
+    "idem_send_next|SELECT * FROM idempotency.idem_send_next();"
+    "idem_send_result|SELECT * FROM idempotency.idem_send_result('s', 'op', '$TOKEN0', 200);"
 )
 OTHER_CALLS=(
     "idem_fingerprint(jsonb)|SELECT idempotency.idem_fingerprint('{\"b\": 1, \"a\": 2}'::jsonb);"
@@ -61,7 +73,7 @@ section "privileges: USAGE on the schema alone reaches no table"
 for call in "${TABLE_CALLS[@]}"; do
     name=${call%%|*}
     check_match "usage only: $name fails with 42501 (permission denied for table or view)" \
-        "^42501 permission denied for (table keys|table messages|view stats)$" "$(state_msg sec_usage $DB "${call#*|}")"
+        "^42501 permission denied for (table keys|table messages|table outbound|table outbound_budget|view stats)$" "$(state_msg sec_usage $DB "${call#*|}")"
 done
 check "usage only: idem_fingerprint(jsonb) works (it touches no table)" \
     "sha256:$(printf '%s' '{"a":2,"b":1}' | sha256sum | cut -d' ' -f1)" \
@@ -71,8 +83,9 @@ check "usage only: idem_fingerprint(bytea) works" \
     "$(val sec_usage $DB "SELECT idempotency.idem_fingerprint('\\xdeadbeef'::bytea)")"
 check "usage only: schedule_maintenance touches no table; without pg_cron it answers 55000" 55000 \
     "$(state sec_usage $DB "SELECT * FROM idempotency.schedule_maintenance();")"
-check "nothing was written by the refused calls" "0|0" \
-    "$(val postgres $DB "SELECT (SELECT count(*) FROM idempotency.keys), (SELECT count(*) FROM idempotency.messages)")"
+check "nothing was written by the refused calls" "0|0|0|0" \
+    "$(val postgres $DB "SELECT (SELECT count(*) FROM idempotency.keys), (SELECT count(*) FROM idempotency.messages),
+                               (SELECT count(*) FROM idempotency.outbound), (SELECT count(*) FROM idempotency.outbound_budget)")"
 
 section "privileges: the docs/security.md recipe gives the whole API"
 out=$(sql sec_app $DB <<'SQL'
@@ -99,6 +112,10 @@ SELECT 'sweep=' || idempotency.idem_sweep();
 CALL idempotency.idem_sweep_all();
 \echo sweep_all=:SQLSTATE
 SELECT 'fingerprint=' || (idempotency.idem_fingerprint('{}'::jsonb) LIKE 'sha256:%');
+SELECT 'send=' || state FROM idempotency.idem_send('acct_1:charges', 'order-1', 'https://psp.invalid/charges', '{"amount": 1}');
+SELECT 'send_next=' || count(*) FROM idempotency.idem_send_next('https://psp.invalid/charges');
+SELECT token AS stok FROM idempotency.outbound WHERE operation = 'order-1' \gset
+SELECT 'send_result=' || state FROM idempotency.idem_send_result('acct_1:charges', 'order-1', :'stok', 201, '{"id": 1}');
 SQL
 )
 check "recipe: idem_claim claims" claimed "$(field claim "$out")"
@@ -115,6 +132,9 @@ check "recipe: idem_reclaim_stale() finds nothing stale after the takeover" 0 "$
 check "recipe: idem_sweep deletes the expired record" 1 "$(field sweep "$out")"
 check "recipe: CALL idem_sweep_all works" 00000 "$(field sweep_all "$out")"
 check "recipe: idem_fingerprint works" true "$(field fingerprint "$out")"
+check "recipe: idem_send records a send" pending "$(field send "$out")"
+check "recipe: idem_send_next hands it out" 1 "$(field send_next "$out")"
+check "recipe: idem_send_result stores the answer" "done" "$(field send_result "$out")"
 check "recipe: the stats view needs its own grant (42501 without it)" 42501 \
     "$(state sec_app $DB "SELECT * FROM idempotency.stats;")"
 sql postgres $DB -c "GRANT SELECT ON idempotency.stats TO sec_app"
@@ -162,6 +182,20 @@ check "reader: a new message id (a write) fails with 42501" 42501 \
     "$(state sec_reader $DB "SELECT idempotency.idem_seen('acct_1:queue', 'm-new');")"
 check "reader: idem_sweep fails with 42501 (it locks rows)" 42501 \
     "$(state sec_reader $DB "SELECT idempotency.idem_sweep();")"
+
+section "privileges: a role granted the tables of 0.4 only (keys, messages)"
+sql postgres postgres -c "CREATE ROLE sec_old LOGIN"
+sql postgres $DB -c "GRANT USAGE ON SCHEMA idempotency TO sec_old" \
+    -c "GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.keys, idempotency.messages TO sec_old" \
+    -c "UPDATE idempotency.outbound SET expires_at = now() - interval '1 second' WHERE operation = 'order-1'" \
+    -c "SELECT idempotency.idem_seen('acct_1:queue', 'm-old', interval '1 millisecond')" >/dev/null
+sleep 0.02
+check "old grants: idem_sweep deletes the expired message and leaves the expired outbound row" "1|1" \
+    "$(val sec_old $DB "SELECT idempotency.idem_sweep()")|$(val postgres $DB "SELECT count(*) FROM idempotency.outbound WHERE operation = 'order-1'")"
+check "old grants: idem_send is refused with 42501 and writes nothing" "42501|0" \
+    "$(state sec_old $DB "SELECT * FROM idempotency.idem_send('acct_1:charges', 'order-2', 't');")|$(val postgres $DB "SELECT count(*) FROM idempotency.outbound WHERE operation = 'order-2'")"
+check "the recipe role's idem_sweep then deletes the expired outbound row" "1|0" \
+    "$(val sec_app $DB "SELECT idempotency.idem_sweep()")|$(val postgres $DB "SELECT count(*) FROM idempotency.outbound WHERE operation = 'order-1'")"
 
 section "privileges: schedule_maintenance and a squatted schema named cron"
 # A database owner (not a superuser) creates a schema named cron with its own

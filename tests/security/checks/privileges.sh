@@ -15,10 +15,12 @@ check "EXECUTE is left to PUBLIC (no function has an ACL of its own)" 0 \
     "$(val postgres $DB "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proacl IS NOT NULL")"
 check "a role without grants may EXECUTE every function" t \
     "$(val postgres $DB "SELECT bool_and(has_function_privilege('sec_nogrants', oid, 'EXECUTE')) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace")"
-check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables or view" "f|f|f|f" \
+check "PUBLIC has no USAGE on schema idempotency and no privilege on its tables or view" "f|f|f|f|f|f" \
     "$(val postgres $DB "SELECT has_schema_privilege('sec_nogrants', 'idempotency', 'USAGE'),
                                has_table_privilege('sec_nogrants', 'idempotency.keys', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.messages', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
+                               has_table_privilege('sec_nogrants', 'idempotency.outbound', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
+                               has_table_privilege('sec_nogrants', 'idempotency.outbound_budget', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'),
                                has_table_privilege('sec_nogrants', 'idempotency.stats', 'SELECT')")"
 if [ "$PORTABLE" = 0 ]; then
     # The Rust functions qualify every name; those written in SQL or PL/pgSQL (sql/*.sql:

@@ -22,7 +22,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # A new crate is one more line here, e.g.  "examples/charges-api/Cargo.toml;default"
 CRATES=(
     "Cargo.toml;default;pg_test"
-    "clients/rust/Cargo.toml;default"
+    "clients/rust/Cargo.toml;default;reqwest"
     "examples/charges-api/Cargo.toml;default"
 )
 # The client crate and the example service share one target folder (as their tests build them).

@@ -290,3 +290,48 @@ declare module 'fastify' {
     idempotency: HandlerContext | null;
   }
 }
+
+// --- the sending side (src/sender.js, docs/sending.md) ------------------------------------
+
+export declare const SEND_CHANNEL: 'idempotency_send';
+export declare function keyHeader(key: string): string;
+export declare function parseRetryAfter(value: string | null | undefined, now?: number): number | null;
+
+export interface Delivered { kind: 'delivered'; status: number; headers: Record<string, string>; body: string | null }
+export interface NotYet {
+  kind: 'not_yet'; state: 'pending' | 'sending'; attempts: number; nextAttemptAt: Date;
+  lastStatus: number | null; lastError: string | null;
+}
+export interface Unknown { kind: 'unknown'; key: string; attempts: number; lastStatus: number | null; lastError: string | null }
+export interface Lost { kind: 'lost'; scope: string; operation: string }
+export type SendResult = Delivered | NotYet | Unknown | Lost;
+
+export interface Prepared {
+  key: string; state: 'pending' | 'sending' | 'done' | 'gave_up'; attempts: number; nextAttemptAt: Date;
+  response: Delivered | null;
+}
+export declare function prepare(client: Queryable, scope: string, operation: string, target: string, request?: unknown,
+  options?: { key?: string | null; giveUpAfter?: number | string | null }): Promise<Prepared>;
+
+export interface Attempt {
+  scope: string; operation: string; target: string; key: string; request: unknown; attempt: number; token: string;
+  lockedUntil: Date; giveUpAt: Date;
+}
+/** What one attempt got: `status` null means no answer (`error` says why). */
+export interface SendAnswer { status: number | null; headers?: Record<string, string>; body?: string | null; error?: string | null }
+export interface SenderOptions {
+  urls?: Record<string, string>;
+  send?: (attempt: Attempt) => Promise<SendAnswer>;
+  headers?: Record<string, Record<string, string>>;
+  timeoutMs?: number; leaseMs?: number; concurrency?: number; pollIntervalMs?: number;
+  onAttempt?: (attempt: Attempt, answer: SendAnswer) => void;
+  onFinished?: (attempt: Attempt, result: SendResult) => void;
+}
+export declare class Sender {
+  constructor(pool: import('pg').Pool, options: SenderOptions);
+  deliver(scope: string, operation: string): Promise<SendResult>;
+  status(scope: string, operation: string): Promise<SendResult>;
+  attempt(attempt: Attempt): Promise<SendResult>;
+  runOnce(target?: string | null): Promise<number>;
+  run(target?: string | null, options?: { signal?: AbortSignal | null; untilIdle?: boolean }): Promise<void>;
+}

@@ -3,7 +3,8 @@
 #   1. `cargo package` (the crate packs and builds on its own) and `cargo test --no-run`;
 #   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh);
 #   3. `cargo test`: unit tests, the typed client against the real extension (tests/client.rs),
-#      and the demo app (examples/demo.rs) as real processes over real HTTP (tests/http.rs);
+#      the demo app (examples/demo.rs) as real processes over real HTTP (tests/http.rs), and
+#      the sender (feature reqwest) against a real receiver (tests/sender.rs);
 #   4. the client and HTTP tests again through Debian's pgbouncer in transaction-pooling mode;
 #   5. README.md's install commands in a fresh cargo project and its example app, built and sent
 #      one real request twice (201, then the replay; one row).
@@ -29,7 +30,7 @@ note_failure() { failures=$((failures + 1)); echo "FAIL $1"; }
 echo "== cargo package"
 cargo package --locked --quiet --allow-dirty --manifest-path "$MANIFEST" || note_failure "cargo package"
 echo "== cargo test --no-run"
-cargo test --locked --quiet --no-run --manifest-path "$MANIFEST" || note_failure "cargo test --no-run"
+cargo test --locked --quiet --no-run --manifest-path "$MANIFEST" --features reqwest || note_failure "cargo test --no-run"
 
 cleanup() {
     pgbouncer_stop "$DIR"
@@ -64,7 +65,7 @@ run_tests() {
 }
 
 export DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
-run_tests direct -- --test-threads 4
+run_tests direct --features reqwest -- --test-threads 4
 
 echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
 if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then

@@ -26,3 +26,4 @@ export function createIdempotency(options) {
   idem.fastifyPlugin = fastifyPlugin(idem);
   return idem;
 }
+export { Sender, prepare, keyHeader, parseRetryAfter, SEND_CHANNEL } from './sender.js';

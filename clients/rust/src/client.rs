@@ -120,7 +120,7 @@ pub async fn features(db: &impl GenericClient) -> Result<Features, Error> {
 }
 
 /// An interval parameter, sent as text (`'1500 milliseconds'`) and cast by the server.
-fn interval(d: Option<Duration>) -> Option<String> {
+pub(crate) fn interval(d: Option<Duration>) -> Option<String> {
     d.map(|d| format!("{} milliseconds", d.as_millis()))
 }
 

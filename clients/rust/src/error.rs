@@ -17,6 +17,9 @@ pub enum Error {
     NotOwner(tokio_postgres::Error),
     /// IK003: the record is already completed by this token.
     AlreadyCompleted(tokio_postgres::Error),
+    /// IK004: `idem_send` of an operation already recorded with another request, target or key
+    /// (an operation is sent once; a new request needs a new operation id).
+    OperationReused(tokio_postgres::Error),
     /// 25006: a write function on a hot standby.
     ReadOnly(tokio_postgres::Error),
     /// 40001, 40P01: serialization failure or deadlock; the transaction may be retried.
@@ -33,6 +36,8 @@ pub enum Error {
     Unsupported(&'static str),
     /// `idem_claim` answered an outcome this client does not know.
     UnknownOutcome(String),
+    /// No outbound record for this operation: never prepared, rolled back, or swept.
+    NoSend { scope: String, operation: String },
 }
 
 impl Error {
@@ -49,12 +54,13 @@ impl Error {
             | Error::NoRecord(e)
             | Error::NotOwner(e)
             | Error::AlreadyCompleted(e)
+            | Error::OperationReused(e)
             | Error::ReadOnly(e)
             | Error::Retry(e)
             | Error::LockTimeout(e)
             | Error::Privilege(e)
             | Error::Db(e) => Some(e),
-            Error::Pool(_) | Error::Unsupported(_) | Error::UnknownOutcome(_) => None,
+            Error::Pool(_) | Error::Unsupported(_) | Error::UnknownOutcome(_) | Error::NoSend { .. } => None,
         }
     }
 
@@ -95,13 +101,14 @@ type Variant = fn(tokio_postgres::Error) -> Error;
 
 /// SQLSTATE -> the variant a database error with it becomes (`src/contract_tests.rs` checks
 /// the codes against contract/contract.json); any other code is [`Error::Db`].
-pub(crate) const BY_SQLSTATE: [(&str, Variant); 11] = [
+pub(crate) const BY_SQLSTATE: [(&str, Variant); 12] = [
     ("22004", Error::NullArgument),
     ("22023", Error::InvalidArgument),
     ("54000", Error::TooLarge),
     ("IK001", Error::NoRecord),
     ("IK002", Error::NotOwner),
     ("IK003", Error::AlreadyCompleted),
+    ("IK004", Error::OperationReused),
     ("25006", Error::ReadOnly),
     ("40001", Error::Retry),
     ("40P01", Error::Retry),
@@ -132,7 +139,10 @@ impl fmt::Display for Error {
             Error::Unsupported(what) => {
                 write!(f, "the installed idempotency extension has no {what}")
             }
-            Error::UnknownOutcome(w) => write!(f, "idem_claim answered an unknown outcome {w:?}"),
+            Error::UnknownOutcome(w) => write!(f, "the extension answered an unknown word {w:?}"),
+            Error::NoSend { scope, operation } => {
+                write!(f, "no outbound record for operation {operation:?} in scope {scope:?}")
+            }
             _ => {
                 let e = self.db_error().expect("a database error");
                 match (e.as_db_error(), self.sqlstate()) {

@@ -4,6 +4,8 @@
 //! - [`IdempotencyLayer`]: a tower `Layer` for an axum route, in same-transaction or
 //!   committed-first mode; handlers take the [`Idem`] extractor and write through
 //!   [`Idem::db`].
+//! - [`sender`]: the sending side: [`sender::prepare`] in your transaction, a
+//!   [`sender::Sender`] that delivers after COMMIT or runs as a worker.
 //!
 //! See README.md for the whole setup.
 
@@ -19,6 +21,7 @@ pub mod key;
 mod layer;
 pub mod response;
 mod run;
+pub mod sender;
 mod settings;
 
 pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};

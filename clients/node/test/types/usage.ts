@@ -4,8 +4,8 @@ import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
 import {
-  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, Refused, createIdempotency, fingerprint,
-  type ClaimResult,
+  ClaimTakenOverError, HttpProblem, IdempotencyClient, Mode, Outcome, Refused, Sender, createIdempotency, fingerprint,
+  keyHeader, prepare, type ClaimResult, type SendAnswer, type SendResult,
 } from 'pg-idempotency';
 
 const pool = new pg.Pool();
@@ -60,3 +60,28 @@ f.post('/charges/external', idem.fastify({ mode: Mode.COMMITTED_FIRST, lease: 10
   await ctx.checkpoint('charged', { id: 'ch_1' });
   return { status: 201, body: { id: 'ch_1' } };
 }));
+
+async function useSender(): Promise<void> {
+  const db = await pool.connect();
+  await db.query('BEGIN');
+  const sent = await prepare(db, 'shop', 'order-42:charge', 'payments', { amount: 500 }, { giveUpAfter: '2 hours' });
+  const key: string = sent.key;
+  await db.query('COMMIT');
+  db.release();
+  const sender = new Sender(pool, { urls: { payments: 'https://pay.example/charges' }, concurrency: 8 });
+  const r: SendResult = await sender.deliver('shop', 'order-42:charge');
+  if (r.kind === 'delivered') {
+    const status: number = r.status;
+    void status;
+  } else if (r.kind === 'not_yet') {
+    const when: Date = r.nextAttemptAt;
+    void when;
+  }
+  const own = new Sender(pool, {
+    send: async (a): Promise<SendAnswer> => ({ status: 201, headers: { 'idempotency-key': keyHeader(a.key) }, body: '{}' }),
+  });
+  const stop = new AbortController();
+  await own.run('payments', { signal: stop.signal, untilIdle: true });
+  void key;
+}
+void useSender;

@@ -1,0 +1,79 @@
+#!/usr/bin/env node
+// The sender demo (tests/sending/README.md's protocol): orders whose charge is sent to a receiver
+// with an Idempotency-Key made once, in the order's transaction.
+//   node demo/send-demo.js prepare COUNT PREFIX | work [--until-idle] [--concurrency N] | inline COUNT PREFIX
+// Environment: DATABASE_URL, RECEIVER_URL, TARGET (receiver), SEND_LEASE_MS (30000),
+// SEND_TIMEOUT_MS (10000), RECEIVER_API_KEY (sent as X-Api-Key; send-demo).
+import pg from 'pg';
+import { Sender, prepare } from '../src/index.js';
+
+const SCOPE = 'send-demo';
+const SCHEMA = `CREATE TABLE IF NOT EXISTS send_demo_orders (id text PRIMARY KEY, amount int NOT NULL,
+  payment_key text NOT NULL)`;
+const env = process.env;
+const target = env.TARGET || 'receiver';
+const say = (line) => process.stdout.write(line + '\n');
+
+function describe(r) {
+  if (r.kind === 'delivered') return ['done', String(r.status)];
+  if (r.kind === 'unknown') return ['gave_up', 'unknown'];
+  if (r.kind === 'not_yet') return [r.state, 'unknown'];
+  return ['lost', 'unknown'];
+}
+
+async function prepareOrders(pool, count, prefix, afterCommit) {
+  await pool.query(SCHEMA);
+  const client = await pool.connect();
+  try {
+    for (let i = 1; i <= count; i++) {
+      const order = `${prefix}-${i}`;
+      const operation = `${order}:charge`;
+      await client.query('BEGIN');
+      try {
+        const sent = await prepare(client, SCOPE, operation, target, { amount: i, currency: 'eur' });
+        await client.query('INSERT INTO send_demo_orders VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING',
+          [order, i, sent.key]);
+        await client.query('COMMIT');
+      } catch (e) {
+        await client.query('ROLLBACK');
+        throw e;
+      }
+      if (afterCommit) await afterCommit(operation);
+    }
+  } finally {
+    client.release();
+  }
+}
+
+const [command, ...rest] = process.argv.slice(2);
+const pool = new pg.Pool({ connectionString: env.DATABASE_URL, max: 8 });
+try {
+  if (command === 'prepare') {
+    await prepareOrders(pool, Number(rest[0]), rest[1]);
+    say(`prepared ${rest[0]}`);
+  } else if (command === 'work' || command === 'inline') {
+    const concurrency = rest.includes('--concurrency') ? Number(rest[rest.indexOf('--concurrency') + 1]) : 4;
+    const sender = new Sender(pool, {
+      urls: { [target]: env.RECEIVER_URL },
+      headers: { [target]: { 'X-Api-Key': env.RECEIVER_API_KEY || 'send-demo' } },
+      leaseMs: Number(env.SEND_LEASE_MS || 30000), timeoutMs: Number(env.SEND_TIMEOUT_MS || 10000),
+      concurrency, pollIntervalMs: 200,
+      onAttempt: (a, answer) => say(`attempt ${a.operation} ${a.attempt} ${answer.status ?? 'none'}`),
+      onFinished: (a, r) => say(`finished ${a.operation} ${describe(r).join(' ')}`),
+    });
+    if (command === 'inline') {
+      await prepareOrders(pool, Number(rest[0]), rest[1], async (operation) => {
+        say(`delivered ${operation} ${describe(await sender.deliver(SCOPE, operation)).join(' ')}`);
+      });
+    } else {
+      const stop = new AbortController();
+      process.on('SIGTERM', () => stop.abort());
+      await sender.run(target, { signal: stop.signal, untilIdle: rest.includes('--until-idle') });
+    }
+  } else {
+    process.stderr.write('usage: send-demo.js prepare COUNT PREFIX | work [--until-idle] [--concurrency N] | inline COUNT PREFIX\n');
+    process.exitCode = 2;
+  }
+} finally {
+  await pool.end();
+}

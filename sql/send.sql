@@ -38,7 +38,16 @@ COMMENT ON TABLE idempotency.outbound IS
     'idem_send_next, finished by idem_send_result. done: the receiver''s final answer is in '
     'response_*; gave_up: no final answer before give_up_at, the outcome at the receiver is unknown.';
 
-CREATE INDEX outbound_due_idx ON idempotency.outbound (target, next_attempt_at)
+-- What idem_send_next reads, each in its order: first attempts, retries (a row being sent has
+-- attempts > 0: its lease may end), and rows past give_up_at. Apart, so that a backlog of one
+-- kind is never scanned to find the other.
+CREATE INDEX outbound_first_due_idx ON idempotency.outbound (target, next_attempt_at)
+    WHERE state = 'pending' AND attempts = 0;
+
+CREATE INDEX outbound_retry_due_idx ON idempotency.outbound (target, next_attempt_at)
+    WHERE state IN ('pending', 'sending') AND attempts > 0;
+
+CREATE INDEX outbound_give_up_idx ON idempotency.outbound (target, give_up_at)
     WHERE state IN ('pending', 'sending');
 
 CREATE INDEX outbound_expires_at_idx ON idempotency.outbound (expires_at)
@@ -292,12 +301,14 @@ BEGIN
 END
 $$;
 
--- One due row (locked by the caller): handed out (true: sending under a new lease and token,
--- attempts + 1), or, past give_up_at, gave_up (false).
-CREATE FUNCTION idempotency.send_hand_out(r idempotency.outbound, lease interval) RETURNS boolean
+-- One due row (locked by the caller): handed out (its new token: sending under a new lease,
+-- attempts + 1), or, past give_up_at, gave_up (NULL).
+CREATE FUNCTION idempotency.send_hand_out(r idempotency.outbound, lease interval) RETURNS uuid
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_token uuid;
 BEGIN
     IF r.give_up_at <= now() THEN
         UPDATE idempotency.outbound AS o
@@ -305,14 +316,15 @@ BEGIN
                expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours'),
                last_error = coalesce(CASE WHEN r.state = 'sending' THEN 'lease ended without a result' END, o.last_error)
          WHERE o.scope = r.scope AND o.operation = r.operation;
-        RETURN false;
+        RETURN NULL;
     END IF;
     UPDATE idempotency.outbound AS o
        SET state = 'sending', attempts = o.attempts + 1, token = gen_random_uuid(),
            locked_until = now() + lease, next_attempt_at = now() + lease,
            last_error = CASE WHEN r.state = 'sending' THEN 'lease ended without a result' ELSE o.last_error END
-     WHERE o.scope = r.scope AND o.operation = r.operation;
-    RETURN true;
+     WHERE o.scope = r.scope AND o.operation = r.operation
+    RETURNING o.token INTO v_token;
+    RETURN v_token;
 END
 $$;
 
@@ -331,6 +343,7 @@ DECLARE
     v_firsts bigint;
     v_retries bigint;
     v_row idempotency.outbound;
+    v_token uuid;
 BEGIN
     IF p_max_rows IS NULL THEN
         RAISE EXCEPTION 'argument "max_rows" must not be null' USING ERRCODE = '22004';
@@ -356,15 +369,25 @@ BEGIN
     END IF;
 
     v_left := p_max_rows;
-    -- One target at a time (the budget is per target): the given one, or each with due rows.
+    -- One target at a time (the budget is per target): the given one, the one of the given
+    -- operation, or each target with sends not finished (read by skipping through the index).
     FOR v_target IN
+        WITH RECURSIVE targets AS (
+            (SELECT o.target FROM idempotency.outbound AS o
+              WHERE p_target IS NULL AND p_scope IS NULL AND o.state IN ('pending', 'sending')
+              ORDER BY o.target LIMIT 1)
+            UNION ALL
+            SELECT (SELECT o.target FROM idempotency.outbound AS o
+                     WHERE o.state IN ('pending', 'sending') AND o.target > t.target
+                     ORDER BY o.target LIMIT 1)
+              FROM targets AS t WHERE t.target IS NOT NULL
+        )
         SELECT p_target WHERE p_target IS NOT NULL
         UNION ALL
-        SELECT DISTINCT o.target FROM idempotency.outbound AS o
-         WHERE p_target IS NULL
-           AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
-           AND (p_scope IS NULL
-                OR (o.scope = p_scope AND o.operation = p_operation))
+        SELECT o.target FROM idempotency.outbound AS o
+         WHERE p_target IS NULL AND o.scope = p_scope AND o.operation = p_operation
+        UNION ALL
+        SELECT t.target FROM targets AS t WHERE t.target IS NOT NULL
     LOOP
         EXIT WHEN v_left = 0;
         v_allowance := NULL;
@@ -373,8 +396,8 @@ BEGIN
         -- Due rows past give_up_at become gave_up now, whatever the budget holds back.
         FOR v_row IN
             SELECT o.* FROM idempotency.outbound AS o
-             WHERE o.target = v_target AND o.state IN ('pending', 'sending') AND o.next_attempt_at <= now()
-               AND o.give_up_at <= now()
+             WHERE o.target = v_target AND o.state IN ('pending', 'sending') AND o.give_up_at <= now()
+               AND o.next_attempt_at <= now()
                AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation))
              ORDER BY o.next_attempt_at LIMIT 1000
                FOR UPDATE SKIP LOCKED
@@ -392,25 +415,25 @@ BEGIN
              ORDER BY o.next_attempt_at LIMIT v_left
                FOR UPDATE SKIP LOCKED
         LOOP
-            IF idempotency.send_hand_out(v_row, v_lease) THEN
+            v_token := idempotency.send_hand_out(v_row, v_lease);
+            IF v_token IS NOT NULL THEN
                 v_firsts := v_firsts + 1;
                 RETURN QUERY SELECT v_row.scope, v_row.operation, v_row.target, v_row.key, v_row.request,
-                                    v_row.attempts + 1, o.token, o.locked_until, v_row.give_up_at
-                               FROM idempotency.outbound AS o
-                              WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+                                    v_row.attempts + 1, v_token, now() + v_lease, v_row.give_up_at;
                 v_left := v_left - 1;
             END IF;
         END LOOP;
         -- This call's first attempts count toward the budget the retries read.
-        PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
+        IF v_firsts > 0 THEN
+            PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
+        END IF;
         -- Retries: senders of one target take them one transaction at a time, so that each
         -- reads the budget with the retries of the others counted (their transactions end
         -- right after idem_send_next). Only when a retry is due: first attempts never wait.
         IF v_left > 0 AND EXISTS (
             SELECT FROM idempotency.outbound AS o
              WHERE o.target = v_target AND o.state IN ('pending', 'sending')
-               AND NOT (o.state = 'pending' AND o.attempts = 0)
-               AND o.next_attempt_at <= now()
+               AND o.attempts > 0 AND o.next_attempt_at <= now()
                AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation)))
         THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('idempotency.outbound_budget ' || v_target, 0));
@@ -422,23 +445,23 @@ BEGIN
             FOR v_row IN
                 SELECT o.* FROM idempotency.outbound AS o
                  WHERE o.target = v_target AND o.state IN ('pending', 'sending')
-                   AND NOT (o.state = 'pending' AND o.attempts = 0)
-                   AND o.next_attempt_at <= now()
+                   AND o.attempts > 0 AND o.next_attempt_at <= now()
                    AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation))
                  ORDER BY o.next_attempt_at LIMIT least(v_left, v_allowance)
                    FOR UPDATE SKIP LOCKED
             LOOP
-                IF idempotency.send_hand_out(v_row, v_lease) THEN
+                v_token := idempotency.send_hand_out(v_row, v_lease);
+                IF v_token IS NOT NULL THEN
                     v_retries := v_retries + 1;
                     RETURN QUERY SELECT v_row.scope, v_row.operation, v_row.target, v_row.key, v_row.request,
-                                        v_row.attempts + 1, o.token, o.locked_until, v_row.give_up_at
-                                   FROM idempotency.outbound AS o
-                                  WHERE o.scope = v_row.scope AND o.operation = v_row.operation;
+                                        v_row.attempts + 1, v_token, now() + v_lease, v_row.give_up_at;
                     v_left := v_left - 1;
                 END IF;
             END LOOP;
         END IF;
-        PERFORM idempotency.send_count_attempts(v_target, 0, v_retries);
+        IF v_retries > 0 THEN
+            PERFORM idempotency.send_count_attempts(v_target, 0, v_retries);
+        END IF;
     END LOOP;
 END
 $$;
@@ -488,9 +511,6 @@ BEGIN
         RAISE EXCEPTION 'invalid argument "retry_after": % (it must be an interval of 0 to 10000 years)', p_retry_after
             USING ERRCODE = '22023';
     END IF;
-    v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
-    v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
-
     SELECT o.* INTO v_row FROM idempotency.outbound AS o
      WHERE o.scope = p_scope AND o.operation = p_operation
        FOR UPDATE;
@@ -525,6 +545,8 @@ BEGIN
     END IF;
 
     -- Exponential backoff with full jitter, never sooner than the receiver's Retry-After.
+    v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
+    v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
     v_delay := greatest(coalesce(p_retry_after, interval '0'),
                         random() * least(v_cap, v_base * power(2, least(v_row.attempts - 1, 60))));
     IF now() + v_delay >= v_row.give_up_at THEN

@@ -21,6 +21,7 @@ var (
 	ErrNoRecord         = errors.New("idempotency: no live record for the key (IK001)")
 	ErrNotOwner         = errors.New("idempotency: the token no longer owns the record: do not report success (IK002)")
 	ErrAlreadyCompleted = errors.New("idempotency: the record is already completed (IK003)")
+	ErrOperationReused  = errors.New("idempotency: the operation was sent with another request, target or key: a new request needs a new operation id (IK004)")
 	ErrReadOnly         = errors.New("idempotency: a write on a hot standby (25006)")
 	ErrRetry            = errors.New("idempotency: serialization failure or deadlock: retry the transaction (40001, 40P01)")
 	ErrLockTimeout      = errors.New("idempotency: lock_timeout behind another transaction's claim of the key (55P03)")
@@ -37,6 +38,7 @@ var bySQLState = map[string]error{
 	"IK001": ErrNoRecord,
 	"IK002": ErrNotOwner,
 	"IK003": ErrAlreadyCompleted,
+	"IK004": ErrOperationReused,
 	"25006": ErrReadOnly,
 	"40001": ErrRetry,
 	"40P01": ErrRetry,

@@ -296,6 +296,8 @@ declare module 'fastify' {
 export declare const SEND_CHANNEL: 'idempotency_send';
 export declare function keyHeader(key: string): string;
 export declare function parseRetryAfter(value: string | null | undefined, now?: number): number | null;
+/** A longer Retry-After is read as this (1000 years). */
+export declare const MAX_RETRY_AFTER_MS: number;
 
 export interface Delivered { kind: 'delivered'; status: number; headers: Record<string, string>; body: string | null }
 export interface NotYet {

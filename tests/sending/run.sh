@@ -12,6 +12,8 @@ cd "$ROOT" || exit 2
 DIR=$(dir_of sending)
 PORT=$(port_of sending)
 venv=$ROOT/clients/python/.venv
+# The send demos are built with cargo and go, where their installers put them.
+export PATH="$PATH:$HOME/.cargo/bin:/usr/local/go/bin"
 
 give_up() { echo "sending: $*" >&2; echo "sending: 0 passed, 1 failed"; exit 1; }
 

@@ -26,4 +26,4 @@ export function createIdempotency(options) {
   idem.fastifyPlugin = fastifyPlugin(idem);
   return idem;
 }
-export { Sender, prepare, keyHeader, parseRetryAfter, SEND_CHANNEL } from './sender.js';
+export { Sender, prepare, keyHeader, parseRetryAfter, MAX_RETRY_AFTER_MS, SEND_CHANNEL } from './sender.js';

@@ -12,14 +12,17 @@ export function keyHeader(key) {
   return '"' + key.replace(/[\\"]/g, (c) => '\\' + c) + '"';
 }
 
-/** Retry-After as delta-seconds or an HTTP date, in milliseconds; null when absent or unreadable. */
+/** A longer Retry-After is read as this (1000 years): past any give_up_at, within an interval. */
+export const MAX_RETRY_AFTER_MS = 365000 * 86400 * 1000;
+
+/** Retry-After as delta-seconds or an HTTP date, in milliseconds (at most MAX_RETRY_AFTER_MS); null when absent or unreadable. */
 export function parseRetryAfter(value, now = Date.now()) {
   if (value === undefined || value === null) return null;
   const v = String(value).trim();
-  if (/^\d+$/.test(v)) return Number(v) * 1000;
+  if (/^\d+$/.test(v)) return Math.min(Number(v) * 1000, MAX_RETRY_AFTER_MS);
   const when = Date.parse(v);
   if (Number.isNaN(when)) return null;
-  return Math.max(0, when - now);
+  return Math.min(Math.max(0, when - now), MAX_RETRY_AFTER_MS);
 }
 
 const SEND_SQL = `

@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { Sender, keyHeader, parseRetryAfter, prepare } from '../src/index.js';
+import { MAX_RETRY_AFTER_MS, Sender, keyHeader, parseRetryAfter, prepare } from '../src/index.js';
 import { DATABASE_URL, newPool } from './harness.js';
 
 const pool = newPool();
@@ -71,6 +71,7 @@ test('the key header is an sf-string; Retry-After in seconds or as an HTTP date'
   assert.equal(parseRetryAfter('7', now), 7000);
   assert.equal(parseRetryAfter('Thu, 03 Dec 2026 12:00:30 GMT', now), 30000);
   assert.equal(parseRetryAfter('soon', now), null);
+  assert.equal(parseRetryAfter('99999999999999999999', now), MAX_RETRY_AFTER_MS);
 });
 
 test('prepare is part of the caller\'s transaction, and the same operation keeps its key', async () => {

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from conftest import free_port
-from pg_idempotency.sender import (Delivered, NotYet, Sender, Unknown, key_header, parse_retry_after,
+from pg_idempotency.sender import (MAX_RETRY_AFTER, Delivered, NotYet, Sender, Unknown, key_header, parse_retry_after,
                                    prepare)
 
 DEMO = Path(__file__).resolve().parent.parent / "demo" / "send_demo.py"
@@ -107,6 +107,8 @@ def test_retry_after_seconds_and_http_date():
     now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=timezone.utc)
     assert parse_retry_after("7", now) == timedelta(seconds=7)
     assert parse_retry_after("Thu, 03 Dec 2026 12:00:30 GMT", now) == timedelta(seconds=30)
+    assert parse_retry_after("9" * 30, now) == MAX_RETRY_AFTER
+    assert parse_retry_after("\u00b2", now) is None  # a digit to str.isdigit, not to HTTP
     assert parse_retry_after("Thu, 03 Dec 2026 11:00:00 GMT", now) == timedelta(0)
     assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
 

@@ -167,14 +167,20 @@ pub fn key_header(key: &str) -> String {
     out
 }
 
-/// `Retry-After` as delta-seconds or an HTTP date; None when unreadable.
+/// A longer `Retry-After` is read as this (1000 years): past any `give_up_at`, and within what
+/// an interval holds.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(365_000 * 86_400);
+
+/// `Retry-After` as delta-seconds or an HTTP date (at most [`MAX_RETRY_AFTER`]); None when
+/// unreadable.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return value.parse().ok().map(Duration::from_secs);
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
     let when = httpdate::parse_http_date(value).ok()?;
-    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO).min(MAX_RETRY_AFTER))
 }
 
 // --- the caller's transaction ---------------------------------------------------------------
@@ -735,7 +741,9 @@ mod tests {
         assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now), Some(Duration::from_secs(30)));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now), Some(Duration::ZERO));
-        for bad in ["", "soon", "-5", "1.5", "99999999999999999999999"] {
+        assert_eq!(parse_retry_after("99999999999999999999999", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("99999999999", now), Some(MAX_RETRY_AFTER));
+        for bad in ["", "soon", "-5", "1.5"] {
             assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
         }
     }

@@ -127,20 +127,25 @@ def key_header(key: str) -> str:
     return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# A longer Retry-After is read as this: past any give_up_at, and within what an interval holds.
+MAX_RETRY_AFTER = timedelta(days=365_000)
+
+
 def parse_retry_after(value: str | None, now: datetime | None = None) -> timedelta | None:
-    """Retry-After as delta-seconds or an HTTP date; None when absent or unreadable."""
+    """Retry-After as delta-seconds or an HTTP date (at most MAX_RETRY_AFTER); None when
+    absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return timedelta(seconds=int(value))
+    if value.isascii() and value.isdigit():
+        return min(timedelta(seconds=min(int(value), int(MAX_RETRY_AFTER.total_seconds()))), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(when - (now or datetime.now(timezone.utc)), timedelta(0))
+    return min(max(when - (now or datetime.now(timezone.utc)), timedelta(0)), MAX_RETRY_AFTER)
 
 
 # --- the caller's transaction --------------------------------------------------------------
@@ -216,6 +221,7 @@ class Sender:
         self._on_finished = on_finished
         self._conn: psycopg.Connection | None = None
         self._http = None
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     # connections ---------------------------------------------------------------------
@@ -226,6 +232,8 @@ class Sender:
         return self._conn
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         if self._conn is not None:
             self._conn.close()
         if self._http is not None:
@@ -330,8 +338,9 @@ class Sender:
         if len(taken) == 1:
             self.attempt(taken[0])
         elif taken:
-            with ThreadPoolExecutor(len(taken)) as pool:
-                list(pool.map(self.attempt, taken))
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="idempotency-sender")
+            list(self._pool.map(self.attempt, taken))
         return len(taken)
 
     def idle(self, target: str | None = None) -> bool:

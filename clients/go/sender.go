@@ -1,0 +1,498 @@
+package idempotency
+
+// The sending side (docs/sending.md): a request to another service with an Idempotency-Key
+// made once per business operation and kept in your database. Prepare runs in your
+// transaction; a Sender delivers right after COMMIT (one attempt) or runs as a worker
+// (retries with backoff, jitter and the retry budget, all decided by the extension).
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// SendChannel is the channel idem_send notifies (at COMMIT) and Sender.Run listens on.
+const SendChannel = "idempotency_send"
+
+// Prepared is the row idem_send recorded (or found: the same operation prepared before).
+type Prepared struct {
+	Key           string
+	State         string // pending, sending, done, gave_up
+	Attempts      int
+	NextAttemptAt time.Time
+	Response      *Delivered // the final answer when State is done
+}
+
+// PrepareOptions are idem_send's optional arguments; zero values are the extension's defaults.
+type PrepareOptions struct {
+	Key         string        // default: a new random UUID
+	GiveUpAfter time.Duration // default: idempotency.send_give_up_after (23 hours)
+}
+
+// Result is what a send came to: Delivered, NotYet, Unknown or Lost.
+type Result interface{ sendResult() }
+
+// Delivered is the receiver's final answer (any status that is not retried, 4xx included).
+type Delivered struct {
+	Status  int
+	Headers map[string]string // lower-case names
+	Body    []byte            // nil when none
+}
+
+// NotYet: no final answer yet. State pending (a retry is due at NextAttemptAt) or sending
+// (another sender holds it now). A worker finishes it.
+type NotYet struct {
+	State         string
+	Attempts      int
+	NextAttemptAt time.Time
+	LastStatus    int    // 0: none, or no answer
+	LastError     string // why there was no answer
+}
+
+// Unknown: gave_up, no final answer came before give_up_at. The receiver may or may not have
+// done the work: look it up there by Key; never send the operation again with a new key.
+type Unknown struct {
+	Key        string
+	Attempts   int
+	LastStatus int
+	LastError  string
+}
+
+// Lost: this sender's lease ended and another sender took the send over (IK002). Its result
+// was not recorded; the other sender's will be.
+type Lost struct {
+	Scope, Operation string
+}
+
+func (Delivered) sendResult() {}
+func (NotYet) sendResult()    {}
+func (Unknown) sendResult()   {}
+func (Lost) sendResult()      {}
+
+// Attempt is one send handed out by idem_send_next.
+type Attempt struct {
+	Scope, Operation, Target, Key string
+	Request                       json.RawMessage // nil when NULL
+	Number                        int             // 1 for the first attempt
+	Token                         string
+	LockedUntil, GiveUpAt         time.Time
+}
+
+// Answer is what one HTTP attempt got. Status 0 means no answer (Error says why).
+type Answer struct {
+	Status  int
+	Headers map[string]string // lower-case names
+	Body    []byte
+	Error   string
+}
+
+// KeyHeader is the Idempotency-Key header's value: an RFC 8941 sf-string.
+func KeyHeader(key string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
+
+// ParseRetryAfter reads Retry-After as delta-seconds or an HTTP date (a date in the past is 0);
+// ok is false when the value is empty or unreadable.
+func ParseRetryAfter(value string, now time.Time) (d time.Duration, ok bool) {
+	value = strings.TrimSpace(value)
+	if value == "" {
+		return 0, false
+	}
+	if strings.Trim(value, "0123456789") == "" {
+		n, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || n > math.MaxInt64/int64(time.Second) {
+			n = math.MaxInt64 / int64(time.Second) // far past any give_up_at
+		}
+		return time.Duration(n) * time.Second, true
+	}
+	when, err := http.ParseTime(value)
+	if err != nil {
+		return 0, false
+	}
+	return max(when.Sub(now), 0), true
+}
+
+const sendSQL = `
+SELECT key, state, attempts, next_attempt_at, response_status, response_body, response_headers::text
+FROM idempotency.idem_send($1::text, $2::text, $3::text, $4::text::jsonb, $5::text, $6::interval)`
+
+// Prepare records the send in the caller's open transaction (tx; it never commits) and
+// returns its key. request is sent as JSON (encoding/json: JSON text goes as a
+// json.RawMessage, not a []byte; nil is NULL). The same operation again returns the same
+// row; with another request, target or key it fails with ErrOperationReused (IK004) and writes nothing.
+func Prepare(ctx context.Context, tx Querier, scope, operation, target string, request any,
+	o PrepareOptions) (Prepared, error) {
+	var requestArg any
+	if request != nil {
+		b, err := json.Marshal(request)
+		if err != nil {
+			return Prepared{}, fmt.Errorf("idempotency: the request: %w", err)
+		}
+		requestArg = string(b)
+	}
+	var (
+		p       Prepared
+		status  *int32
+		body    *string
+		headers *string
+	)
+	err := tx.QueryRow(ctx, sendSQL, execMode, scope, operation, target, requestArg, nullString(o.Key),
+		interval(o.GiveUpAfter)).Scan(&p.Key, &p.State, &p.Attempts, &p.NextAttemptAt, &status, &body, &headers)
+	if err != nil {
+		return Prepared{}, classify(err)
+	}
+	if p.State == "done" {
+		d, err := delivered(status, body, headers)
+		if err != nil {
+			return Prepared{}, err
+		}
+		p.Response = &d
+	}
+	return p, nil
+}
+
+func delivered(status *int32, body, headers *string) (Delivered, error) {
+	d := Delivered{Status: int(derefInt(status)), Headers: map[string]string{}}
+	if body != nil {
+		d.Body = []byte(*body)
+	}
+	if headers != nil {
+		if err := json.Unmarshal([]byte(*headers), &d.Headers); err != nil {
+			return Delivered{}, fmt.Errorf("idempotency: stored response headers: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// SenderOptions are a Sender's settings. Give URLs or Send.
+type SenderOptions struct {
+	// URLs maps a target to the URL its requests are POSTed to (the request as JSON, with
+	// Idempotency-Key and the target's Headers, e.g. its credentials).
+	URLs    map[string]string
+	Headers map[string]map[string]string
+	// Send replaces the HTTP: one attempt, its Answer (Status 0 and Error for no answer).
+	// ctx ends after Timeout.
+	Send func(ctx context.Context, a Attempt) Answer
+	// Timeout bounds one attempt (default 10 s) and must be shorter than Lease (default 30 s),
+	// the time a sender holds a send before another may take it over.
+	Timeout, Lease time.Duration
+	Concurrency    int           // sends attempted at once by RunOnce (default 4)
+	PollInterval   time.Duration // Run's longest wait without a NOTIFY (default 1 s)
+	// OnAttempt is called after each attempt, OnFinished when an attempt's result finished
+	// the send (Delivered, or Unknown at that result). Both may be called from several
+	// goroutines at once. A send whose give_up_at passes while it waits for its retry is
+	// marked gave_up by idem_send_next without an attempt: Status tells.
+	OnAttempt  func(Attempt, Answer)
+	OnFinished func(Attempt, Result)
+}
+
+// Sender sends due requests: Deliver (one operation, right after COMMIT) and Run (a worker).
+// Its statements run on the pool; Run's LISTEN has a session of its own (not through
+// PgBouncer's transaction pooling).
+type Sender struct {
+	pool *pgxpool.Pool
+	o    SenderOptions
+	http *http.Client
+}
+
+// NewSender checks the options and fills in their defaults.
+func NewSender(pool *pgxpool.Pool, o SenderOptions) (*Sender, error) {
+	if o.Send == nil && len(o.URLs) == 0 {
+		return nil, errors.New("idempotency: give URLs (a URL per target) or Send (a function)")
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.Lease == 0 {
+		o.Lease = 30 * time.Second
+	}
+	if o.Timeout >= o.Lease {
+		return nil, errors.New("idempotency: Timeout must be shorter than Lease")
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 4
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = time.Second
+	}
+	// A redirect is the receiver's answer (as with httpx): following it would turn the POST
+	// into a GET without its body.
+	s := &Sender{pool: pool, o: o, http: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}}
+	if s.o.Send == nil {
+		s.o.Send = s.httpSend
+	}
+	return s, nil
+}
+
+func (s *Sender) httpSend(ctx context.Context, a Attempt) Answer {
+	url, ok := s.o.URLs[a.Target]
+	if !ok {
+		return Answer{Error: fmt.Sprintf("no URL for target %q", a.Target)}
+	}
+	body := []byte(a.Request)
+	if body == nil {
+		body = []byte("null")
+	}
+	// A body without GetBody: net/http would otherwise resend a request that carries an
+	// Idempotency-Key on its own, and one attempt would be two requests.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, io.NopCloser(bytes.NewReader(body)))
+	if err != nil {
+		return Answer{Error: "bad URL: " + err.Error()}
+	}
+	req.ContentLength = int64(len(body))
+	for k, v := range s.o.Headers[a.Target] {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("Idempotency-Key", KeyHeader(a.Key))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.http.Do(req)
+	if err == nil {
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+	}
+	var netErr net.Error
+	var opErr *net.OpError
+	switch {
+	case err == nil:
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
+		return Answer{Error: "timed out"}
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return Answer{Error: "connection failed: " + opErr.Err.Error()}
+	default:
+		return Answer{Error: "no answer: " + err.Error()}
+	}
+	headers := make(map[string]string, len(resp.Header))
+	for k, v := range resp.Header {
+		headers[strings.ToLower(k)] = strings.Join(v, ", ")
+	}
+	return Answer{Status: resp.StatusCode, Headers: headers, Body: body}
+}
+
+// attempt makes one attempt of a send this sender holds and records its result. Both run to
+// the end whatever becomes of ctx: a send left held waits for its lease to end.
+func (s *Sender) attempt(ctx context.Context, a Attempt) (Result, error) {
+	ctx = context.WithoutCancel(ctx)
+	answer := s.send(ctx, a)
+	if answer.Headers == nil {
+		answer.Headers = map[string]string{}
+	}
+	if s.o.OnAttempt != nil {
+		s.o.OnAttempt(a, answer)
+	}
+	return s.record(ctx, a, answer)
+}
+
+func (s *Sender) send(ctx context.Context, a Attempt) (answer Answer) {
+	ctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil { // the application's own Send failed: no answer
+			answer = Answer{Error: fmt.Sprintf("panic: %v", p)}
+		}
+	}()
+	return s.o.Send(ctx, a)
+}
+
+const resultSQL = `
+SELECT state, attempts, next_attempt_at
+FROM idempotency.idem_send_result($1::text, $2::text, $3::uuid, $4::int, $5::text, $6::text::jsonb,
+       $7::interval, $8::text)`
+
+func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, error) {
+	var status, body, headers, retryAfter any
+	if answer.Status != 0 {
+		status = answer.Status
+		b, err := json.Marshal(answer.Headers)
+		if err != nil {
+			return nil, err
+		}
+		headers = string(b)
+		if d, ok := ParseRetryAfter(answer.Headers["retry-after"], time.Now()); ok {
+			retryAfter = interval(d)
+		}
+	}
+	if answer.Body != nil {
+		// text holds neither NUL nor invalid UTF-8 (a receiver's binary answer).
+		body = strings.ToValidUTF8(strings.ReplaceAll(string(answer.Body), "\x00", "\uFFFD"), "\uFFFD")
+	}
+	var (
+		state    string
+		attempts int
+		nextAt   time.Time
+	)
+	err := s.pool.QueryRow(ctx, resultSQL, execMode, a.Scope, a.Operation, a.Token, status, body, headers,
+		retryAfter, nullString(answer.Error)).Scan(&state, &attempts, &nextAt)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "IK002" {
+			return Lost{Scope: a.Scope, Operation: a.Operation}, nil
+		}
+		return nil, classify(err)
+	}
+	var result Result
+	switch state {
+	case "done":
+		result = Delivered{Status: answer.Status, Headers: answer.Headers, Body: answer.Body}
+	case "gave_up":
+		result = Unknown{Key: a.Key, Attempts: attempts, LastStatus: answer.Status, LastError: answer.Error}
+	default:
+		result = NotYet{State: state, Attempts: attempts, NextAttemptAt: nextAt, LastStatus: answer.Status,
+			LastError: answer.Error}
+	}
+	if _, notYet := result.(NotYet); !notYet && s.o.OnFinished != nil {
+		s.o.OnFinished(a, result)
+	}
+	return result, nil
+}
+
+const nextSQL = `
+SELECT scope, operation, target, key, request::text, attempt, token::text, locked_until, give_up_at
+FROM idempotency.idem_send_next(target => $1::text, max_rows => $2::int, lease => $3::interval,
+       scope => $4::text, operation => $5::text)`
+
+func (s *Sender) take(ctx context.Context, target string, maxRows int, scope, operation string) ([]Attempt, error) {
+	rows, err := s.pool.Query(ctx, nextSQL, execMode, nullString(target), maxRows, interval(s.o.Lease),
+		nullString(scope), nullString(operation))
+	if err != nil {
+		return nil, classify(err)
+	}
+	taken, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+		var a Attempt
+		var request *string
+		err := row.Scan(&a.Scope, &a.Operation, &a.Target, &a.Key, &request, &a.Number, &a.Token, &a.LockedUntil,
+			&a.GiveUpAt)
+		if request != nil {
+			a.Request = json.RawMessage(*request)
+		}
+		return a, err
+	})
+	return taken, classify(err)
+}
+
+// Deliver is the inline path, right after the COMMIT that prepared the send: one attempt if
+// it is due and no other sender holds it; otherwise (or after a retryable answer) where it is
+// now. The retries are the worker's.
+func (s *Sender) Deliver(ctx context.Context, scope, operation string) (Result, error) {
+	taken, err := s.take(ctx, "", 1, scope, operation)
+	if err != nil {
+		return nil, err
+	}
+	if len(taken) == 1 {
+		return s.attempt(ctx, taken[0])
+	}
+	return s.Status(ctx, scope, operation)
+}
+
+const rowSQL = `
+SELECT state, attempts, next_attempt_at, last_status, last_error, response_status, response_body,
+       response_headers::text, key
+FROM idempotency.outbound WHERE scope = $1::text AND operation = $2::text`
+
+// Status is where the send is now, from its row; ErrNoRecord when there is none.
+func (s *Sender) Status(ctx context.Context, scope, operation string) (Result, error) {
+	var (
+		state, key               string
+		attempts                 int
+		nextAt                   time.Time
+		lastStatus, status       *int32
+		lastError, body, headers *string
+	)
+	err := s.pool.QueryRow(ctx, rowSQL, execMode, scope, operation).Scan(&state, &attempts, &nextAt, &lastStatus,
+		&lastError, &status, &body, &headers, &key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: no outbound record for operation %q in scope %q", ErrNoRecord, operation, scope)
+	}
+	if err != nil {
+		return nil, classify(err)
+	}
+	switch state {
+	case "done":
+		d, err := delivered(status, body, headers)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	case "gave_up":
+		return Unknown{Key: key, Attempts: attempts, LastStatus: int(derefInt(lastStatus)), LastError: deref(lastError)}, nil
+	}
+	return NotYet{State: state, Attempts: attempts, NextAttemptAt: nextAt, LastStatus: int(derefInt(lastStatus)),
+		LastError: deref(lastError)}, nil
+}
+
+// RunOnce is one round of the worker: it takes up to Concurrency due sends of target (""
+// any target), attempts them at once and records each answer. It returns how many it took.
+func (s *Sender) RunOnce(ctx context.Context, target string) (int, error) {
+	taken, err := s.take(ctx, target, s.o.Concurrency, "", "")
+	if err != nil {
+		return 0, err
+	}
+	errs := make([]error, len(taken))
+	var wg sync.WaitGroup
+	for i, a := range taken {
+		wg.Go(func() { _, errs[i] = s.attempt(ctx, a) })
+	}
+	wg.Wait()
+	return len(taken), errors.Join(errs...)
+}
+
+// Idle reports whether no send of target ("": any target) is pending or sending.
+func (s *Sender) Idle(ctx context.Context, target string) (bool, error) {
+	var idle bool
+	err := s.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM idempotency.outbound
+		WHERE state IN ('pending', 'sending') AND ($1::text IS NULL OR target = $1::text))`,
+		execMode, nullString(target)).Scan(&idle)
+	return idle, classify(err)
+}
+
+// Run is the worker: rounds of RunOnce while there is due work; between them it waits for a
+// NOTIFY on idempotency_send (a send committed) or PollInterval, whichever first. It returns
+// nil when ctx is cancelled, after the attempts in flight are recorded, or, with untilIdle,
+// once nothing of target is left to send.
+func (s *Sender) Run(ctx context.Context, target string, untilIdle bool) error {
+	work := context.WithoutCancel(ctx) // a round in flight finishes after ctx ends
+	listener, err := pgx.ConnectConfig(work, s.pool.Config().ConnConfig)
+	if err != nil {
+		return classify(err)
+	}
+	defer listener.Close(work)
+	if _, err := listener.Exec(work, "LISTEN "+SendChannel); err != nil {
+		return classify(err)
+	}
+	for ctx.Err() == nil {
+		n, err := s.RunOnce(work, target)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		if untilIdle {
+			if idle, err := s.Idle(work, target); err != nil || idle {
+				return err
+			}
+		}
+		wait, cancel := context.WithTimeout(ctx, s.o.PollInterval)
+		_, err = listener.WaitForNotification(wait)
+		cancel()
+		if err != nil && wait.Err() == nil {
+			return classify(err)
+		}
+	}
+	return nil
+}

@@ -53,9 +53,12 @@ SCOPE_FIRST = {  # the scope-first functions, called with a scope of %s
 }
 
 
-# The scope-first functions as the installed extension has them.
+# The scope-first functions of the receiving side as the installed extension has them (the
+# sending side's, idem_send and idem_send_result, stay on the coordinator: section sending).
+SENDING_SIDE = "p.proname NOT LIKE 'idem\\_send%'"
 SCOPE_FIRST_INSTALLED = ("SELECT DISTINCT p.proname FROM pg_proc p "
-                         "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope'")
+                         "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' "
+                         f"AND {SENDING_SIDE}")
 
 
 def check(name, ok, why="", needs=""):
@@ -158,7 +161,8 @@ def distribution(cl):
         "       d.colocationid = (SELECT colocationid FROM pg_dist_partition "
         "                         WHERE logicalrelid = 'idempotency.keys'::regclass) "
         "FROM pg_proc p LEFT JOIN pg_dist_object d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid "
-        "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' ORDER BY 1").fetchall()
+        "WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proargnames[1] = 'scope' "
+        f"AND {SENDING_SIDE} ORDER BY 1").fetchall()
     check(f"the {len(SCOPE_FIRST)} scope-first functions checked here are delegated by scope, colocated "
           "with the tables",
           sorted(r[0] for r in delegated) == sorted(SCOPE_FIRST) and all(r[1] == 0 and r[2] for r in delegated),
@@ -584,6 +588,66 @@ def misc(cl):
         check("idempotency.stats", False, f"{e.sqlstate}: {e}")
 
 
+def sending(cl):
+    """The sending side on Citus: idempotency.outbound stays a table of the coordinator (no
+    shards to search), written in the same transaction as distributed business tables."""
+    c = cl.c
+    dist = c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid IN "
+                     "('idempotency.outbound'::regclass, 'idempotency.outbound_budget'::regclass)").fetchone()[0]
+    check("distribute() leaves outbound and outbound_budget on the coordinator", dist == 0, f"{dist} distributed")
+    orders = f"send_orders_{cl.tag}"
+    c.execute(f"CREATE TABLE {orders} (id text PRIMARY KEY, payment_key text NOT NULL)")
+    c.execute(f"SELECT create_distributed_table('{orders}', 'id')")
+    scope, target = cl.scope("send"), cl.scope("gateway")
+
+    def business(order, commit):
+        with psycopg.connect(cl.coord_info) as t:
+            key = t.execute("SELECT key FROM idempotency.idem_send(%s, %s, %s, %s::jsonb)",
+                            (scope, f"{order}:charge", target, '{"amount": 1}')).fetchone()[0]
+            t.execute(f"INSERT INTO {orders} VALUES (%s, %s)", (order, key))
+            t.commit() if commit else t.rollback()
+            return key
+
+    keys = {business(f"o{i}", True) for i in range(4)}
+    business("gone", False)
+    kept = {r[0] for r in c.execute(f"SELECT payment_key FROM {orders}").fetchall()}
+    rows = c.execute("SELECT count(*) FROM idempotency.outbound WHERE scope = %s", (scope,)).fetchone()[0]
+    check("idem_send and a distributed table's write commit together, and roll back together",
+          kept == keys and rows == 4, f"{len(kept)} orders, {rows} sends")
+    # Two senders on the coordinator at once: each send is handed out once (SKIP LOCKED).
+    with psycopg.connect(cl.coord_info) as a, psycopg.connect(cl.coord_info) as b:
+        first = a.execute("SELECT key FROM idempotency.idem_send_next(%s, 3, '1 minute')", (target,)).fetchall()
+        second = b.execute("SELECT key FROM idempotency.idem_send_next(%s, 3, '1 minute')", (target,)).fetchall()
+        a.commit()
+        b.commit()
+    taken = [r[0] for r in first + second]
+    check("two senders in open transactions take different sends, every one once",
+          sorted(taken) == sorted(keys) and len(first) == 3, f"{len(first)} + {len(second)}: {taken}")
+    token = c.execute("SELECT token FROM idempotency.outbound WHERE scope = %s AND operation = 'o0:charge'",
+                      (scope,)).fetchone()[0]
+    r = c.execute("SELECT state FROM idempotency.idem_send_result(%s, 'o0:charge', %s, 201, '{}', '{}')",
+                  (scope, token)).fetchone()
+    check("idem_send_result records the answer", r == ("done",), f"{r}")
+    inline = c.execute("SELECT count(*) FROM idempotency.idem_send_next(scope => %s, operation => 'o0:charge')",
+                       (scope,)).fetchone()[0]
+    check("the inline form finds nothing to send for a done operation", inline == 0, f"{inline}")
+    st = sqlstate_of(c, "SELECT * FROM idempotency.idem_send(%s, 'o1:charge', %s, '{\"amount\": 2}')", (scope, target))
+    check("idem_send of a recorded operation with another request: IK004", st == "IK004", f"got {st}")
+    stats = c.execute("SELECT outbound_sending FROM idempotency.stats").fetchone()
+    check("idempotency.stats counts outbound rows", stats is not None and stats[0] >= 3, f"{stats}")
+    delegated = c.execute("SELECT count(*) FROM pg_dist_object d JOIN pg_proc p ON d.classid = 'pg_proc'::regclass "
+                          "AND d.objid = p.oid WHERE p.proname LIKE 'idem\\_send%'").fetchone()[0]
+    check("the sending side's functions are not delegated to workers", delegated == 0, f"{delegated}")
+    started = c.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    nulls = [sqlstate_of(c, "SELECT * FROM idempotency.idem_send(NULL, 'o', 't')"),
+             sqlstate_of(c, "SELECT * FROM idempotency.idem_send(%s, 'o', 't')", (None,)),
+             sqlstate_of(c, "SELECT * FROM idempotency.idem_send_result(NULL, 'o', gen_random_uuid(), 201)")]
+    now = c.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+    check("a NULL scope to idem_send / idem_send_result: 22004, the coordinator not restarted",
+          nulls == ["22004"] * 3 and now == started, f"{nulls}, started {started}, now {now}")
+    c.execute(f"DROP TABLE {orders}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--coordinator", required=True)
@@ -593,7 +657,7 @@ def main():
     sections = [("distribution", distribution), ("contract autocommit", lambda x: contract(x, "autocommit")),
                 ("contract transaction", lambda x: contract(x, "transaction")), ("settings", settings),
                 ("concurrency", concurrency), ("repeated calls", repeated), ("maintenance", maintenance),
-                ("misc", misc), ("null scope", null_scope)]
+                ("misc", misc), ("null scope", null_scope), ("sending", sending)]
     for name, fn in sections:
         print(f"-- {name}", flush=True)
         try:

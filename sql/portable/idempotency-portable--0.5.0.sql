@@ -1831,6 +1831,10 @@ BEGIN
         RAISE EXCEPTION 'invalid argument "retry_after": % (it must be an interval of 0 to 10000 years)', p_retry_after
             USING ERRCODE = '22023';
     END IF;
+    -- Read (and so checked) before the row: a bad setting is 22023 whatever the token holds.
+    v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
+    v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
+
     SELECT o.* INTO v_row FROM idempotency.outbound AS o
      WHERE o.scope = p_scope AND o.operation = p_operation
        FOR UPDATE;
@@ -1865,8 +1869,6 @@ BEGIN
     END IF;
 
     -- Exponential backoff with full jitter, never sooner than the receiver's Retry-After.
-    v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
-    v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
     v_delay := greatest(coalesce(p_retry_after, interval '0'),
                         random() * least(v_cap, v_base * power(2, least(v_row.attempts - 1, 60))));
     IF now() + v_delay >= v_row.give_up_at THEN

@@ -94,6 +94,18 @@ public class IdempotencyException extends SQLException {
         }
     }
 
+    /**
+     * IK004: {@code idem_send} of an operation already recorded with another request, target or
+     * key (an operation is sent once; a new request needs a new operation id).
+     */
+    public static final class OperationReused extends IdempotencyException {
+        private static final long serialVersionUID = 1L;
+
+        OperationReused(String m, String s, Throwable c) {
+            super(m, s, c);
+        }
+    }
+
     /** 42501: the role lacks the grants, or row-level security refused the scope. */
     public static final class PermissionDenied extends IdempotencyException {
         private static final long serialVersionUID = 1L;
@@ -125,6 +137,7 @@ public class IdempotencyException extends SQLException {
             case "IK001" -> new NoLiveRecord(m, s, e);
             case "IK002" -> new ClaimTakenOver(m, s, e);
             case "IK003" -> new AlreadyCompleted(m, s, e);
+            case "IK004" -> new OperationReused(m, s, e);
             case "54000" -> new ResponseTooLarge(m, s, e);
             case "25006" -> new ReadOnly(m, s, e);
             case "40001" -> new Serialization(m, s, e);

@@ -1,0 +1,288 @@
+package dev.pgidempotency;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.sun.net.httpserver.HttpServer;
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.nio.charset.StandardCharsets;
+import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.time.Duration;
+import java.time.OffsetDateTime;
+import java.time.ZoneOffset;
+import java.time.ZonedDateTime;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Optional;
+import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.junit.jupiter.api.Test;
+import org.postgresql.ds.PGSimpleDataSource;
+
+/** The sender against the real extension and a real HTTP receiver (the JDK's HttpServer, in this process). */
+class SenderTest {
+    /** Answers the script's statuses in order (the last from then on) and logs every request's key. */
+    static final class Receiver implements AutoCloseable {
+        final HttpServer server;
+        final List<String> keys = Collections.synchronizedList(new ArrayList<>());
+
+        Receiver(String... script) throws IOException {
+            server = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 0);
+            server.createContext("/charges", ex -> {
+                ex.getRequestBody().readAllBytes();
+                keys.add(ex.getRequestHeaders().getFirst("Idempotency-Key"));
+                String[] step = script[Math.min(keys.size(), script.length) - 1].split(" ");
+                for (int i = 1; i + 1 < step.length; i += 2) {
+                    ex.getResponseHeaders().add(step[i], step[i + 1]);
+                }
+                byte[] body = "{\"ok\": true}".getBytes(StandardCharsets.UTF_8);
+                ex.sendResponseHeaders(Integer.parseInt(step[0]), body.length);
+                ex.getResponseBody().write(body);
+                ex.close();
+            });
+            server.start();
+        }
+
+        String url() {
+            return "http://127.0.0.1:" + server.getAddress().getPort() + "/charges";
+        }
+
+        @Override
+        public void close() {
+            server.stop(0);
+        }
+    }
+
+    private static PGSimpleDataSource dataSource(String options) {
+        PGSimpleDataSource ds = new PGSimpleDataSource();
+        ds.setURL(Databases.url("DATABASE_URL"));
+        if (options != null) {
+            ds.setOptions(options);
+        }
+        return ds;
+    }
+
+    /** Sessions whose backoff is short, so that retries come within the test. */
+    private static PGSimpleDataSource quick() {
+        return dataSource("-c idempotency.send_backoff_base=50ms -c idempotency.send_backoff_cap=200ms");
+    }
+
+    private static String unique(String prefix) {
+        return prefix + "-" + UUID.randomUUID();
+    }
+
+    private static String prepared(PGSimpleDataSource ds, String operation, String target, Duration giveUpAfter)
+            throws SQLException {
+        try (Connection c = ds.getConnection()) {
+            c.setAutoCommit(false);
+            String key = Sender.prepare(c, "shop", operation, target, "{\"amount\": 1}", null, giveUpAfter).key();
+            c.commit();
+            return key;
+        }
+    }
+
+    private static Sender sender(PGSimpleDataSource ds, String target, String url) {
+        return Sender.builder(ds).url(target, url).timeout(Duration.ofSeconds(2)).lease(Duration.ofSeconds(5))
+                .pollInterval(Duration.ofMillis(100)).build();
+    }
+
+    @Test
+    void keyHeaderAndRetryAfter() {
+        assertEquals("\"abc-1\"", Sender.keyHeader("abc-1"));
+        assertEquals("\"a\\\"b\\\\c\"", Sender.keyHeader("a\"b\\c"));
+        ZonedDateTime now = ZonedDateTime.of(2015, 10, 21, 7, 28, 0, 0, ZoneOffset.UTC);
+        assertEquals(Optional.of(Duration.ofSeconds(120)), Sender.parseRetryAfter("120", now));
+        assertEquals(Optional.of(Duration.ofSeconds(30)), Sender.parseRetryAfter("Wed, 21 Oct 2015 07:28:30 GMT", now));
+        assertEquals(Optional.of(Duration.ZERO), Sender.parseRetryAfter("Wed, 21 Oct 2015 07:27:00 GMT", now));
+        assertEquals(Optional.of(Sender.MAX_RETRY_AFTER), Sender.parseRetryAfter("99999999999999999999999", now));
+        for (String bad : new String[] {"", "soon", "-5", "1.5", null}) {
+            assertEquals(Optional.empty(), Sender.parseRetryAfter(bad, now), bad);
+        }
+        assertThrows(IllegalArgumentException.class, () -> Sender.builder(dataSource(null)).build());
+        assertThrows(IllegalArgumentException.class, () -> Sender.builder(dataSource(null)).url("t", "http://x/")
+                .timeout(Duration.ofSeconds(30)).lease(Duration.ofSeconds(30)).build());
+    }
+
+    @Test
+    void prepareIsPartOfTheTransactionAndKeepsTheKey() throws SQLException {
+        PGSimpleDataSource ds = dataSource(null);
+        String op = unique("order");
+        String target = unique("t");
+        String gone;
+        try (Connection c = ds.getConnection()) {
+            c.setAutoCommit(false);
+            gone = Sender.prepare(c, "shop", op, target, null, null, null).key();
+            c.rollback();
+        }
+        String key = prepared(ds, op, target, null);
+        assertNotEquals(gone, key, "a rolled-back send's key is forgotten with it");
+        try (Connection c = ds.getConnection()) {
+            c.setAutoCommit(false);
+            Sender.Prepared again = Sender.prepare(c, "shop", op, target, "{\"amount\": 1}", null, null);
+            assertEquals(key, again.key());
+            assertEquals("pending", again.state());
+            assertThrows(IdempotencyException.OperationReused.class,
+                    () -> Sender.prepare(c, "shop", op, target, "{\"amount\": 2}", null, null));
+            c.rollback();
+            assertThrows(IdempotencyException.InvalidArgument.class,
+                    () -> Sender.prepare(c, "shop", unique("order"), target, null, "", null));
+            c.rollback();
+        }
+    }
+
+    @Test
+    void deliverSendsOnceWithTheKeyAndReturnsTheAnswer() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String op = unique("order");
+        String target = unique("t");
+        String key = prepared(ds, op, target, null);
+        try (Receiver r = new Receiver("201 Location /charges/1"); Sender s = sender(ds, target, r.url())) {
+            SendResult.Delivered d = assertInstanceOf(SendResult.Delivered.class, s.deliver("shop", op));
+            assertEquals(201, d.status());
+            assertEquals("/charges/1", d.headers().get("location"));
+            assertEquals("{\"ok\": true}", d.body());
+            assertEquals(List.of(Sender.keyHeader(key)), r.keys);
+            SendResult again = s.deliver("shop", op);
+            assertEquals(201, assertInstanceOf(SendResult.Delivered.class, again).status());
+            assertEquals(1, r.keys.size(), "delivered again: the stored answer, no second request");
+            assertThrows(IllegalArgumentException.class, () -> s.deliver("shop", unique("never")));
+        }
+    }
+
+    @Test
+    void theWorkerRetries503WithTheSameKeyAndA422IsFinal() throws Exception {
+        PGSimpleDataSource ds = quick();
+        String op = unique("order");
+        String target = unique("t");
+        String key = prepared(ds, op, target, null);
+        try (Receiver r = new Receiver("503", "503", "422"); Sender s = sender(ds, target, r.url())) {
+            SendResult.NotYet first = assertInstanceOf(SendResult.NotYet.class, s.deliver("shop", op));
+            assertEquals("pending", first.state());
+            assertEquals(503, first.lastStatus());
+            CompletableFuture.runAsync(() -> {
+                try {
+                    s.run(target, true, () -> false);
+                } catch (SQLException e) {
+                    throw new RuntimeException(e);
+                }
+            }).get(30, java.util.concurrent.TimeUnit.SECONDS);
+            assertEquals(List.of(Sender.keyHeader(key), Sender.keyHeader(key), Sender.keyHeader(key)), r.keys);
+            SendResult end = s.status("shop", op).orElseThrow();
+            assertEquals(422, assertInstanceOf(SendResult.Delivered.class, end).status());
+        }
+    }
+
+    @Test
+    void retryAfterHoldsTheRetryBackAndNoAnswerIsRetried() throws Exception {
+        PGSimpleDataSource ds = quick();
+        String op = unique("order");
+        String target = unique("t");
+        prepared(ds, op, target, null);
+        OffsetDateTime before = OffsetDateTime.now();
+        try (Receiver r = new Receiver("429 Retry-After 30"); Sender s = sender(ds, target, r.url())) {
+            SendResult.NotYet ny = assertInstanceOf(SendResult.NotYet.class, s.deliver("shop", op));
+            assertTrue(Duration.between(before, ny.nextAttemptAt()).toSeconds() >= 29, ny.toString());
+            assertEquals(0, s.runOnce(target), "nothing is due before Retry-After");
+        }
+        int closed;
+        try (ServerSocket sock = new ServerSocket(0)) {
+            closed = sock.getLocalPort();
+        }
+        String op2 = unique("order");
+        String target2 = unique("t");
+        prepared(ds, op2, target2, null);
+        try (Sender s = sender(ds, target2, "http://127.0.0.1:" + closed + "/charges")) {
+            SendResult.NotYet down = assertInstanceOf(SendResult.NotYet.class, s.deliver("shop", op2));
+            assertEquals(null, down.lastStatus());
+            assertTrue(down.lastError().startsWith("connection failed"), down.lastError());
+        }
+    }
+
+    @Test
+    void noFinalAnswerBeforeGiveUpAfterIsUnknown() throws Exception {
+        PGSimpleDataSource ds = quick();
+        String op = unique("order");
+        String target = unique("t");
+        String key = prepared(ds, op, target, Duration.ofMillis(600));
+        try (Receiver r = new Receiver("503"); Sender s = sender(ds, target, r.url())) {
+            s.run(target, true, () -> false);
+            SendResult.Unknown u = assertInstanceOf(SendResult.Unknown.class, s.status("shop", op).orElseThrow());
+            assertEquals(key, u.key());
+            assertTrue(!r.keys.isEmpty());
+        }
+    }
+
+    @Test
+    void aResultAfterTheLeaseWasTakenOverIsLost() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String op = unique("order");
+        String target = unique("t");
+        prepared(ds, op, target, null);
+        Sender slow = Sender.builder(ds).timeout(Duration.ofMillis(100)).lease(Duration.ofMillis(300)).send(a -> {
+            try {
+                Thread.sleep(900);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+            return new Sender.Answer(201, java.util.Map.of(), null, null);
+        }).build();
+        CompletableFuture<Integer> other = CompletableFuture.supplyAsync(() -> {
+            try (Connection c = ds.getConnection(); PreparedStatement st = c.prepareStatement(
+                    "SELECT count(*) FROM idempotency.idem_send_next(scope => 'shop', operation => ?, lease => '1 minute')")) {
+                Thread.sleep(500);
+                st.setString(1, op);
+                try (ResultSet rs = st.executeQuery()) {
+                    rs.next();
+                    return rs.getInt(1);
+                }
+            } catch (SQLException | InterruptedException e) {
+                throw new RuntimeException(e);
+            }
+        });
+        try (slow) {
+            SendResult late = slow.deliver("shop", op);
+            assertEquals(1, other.get());
+            assertEquals(new SendResult.Lost("shop", op), late);
+            assertEquals("sending",
+                    assertInstanceOf(SendResult.NotYet.class, slow.status("shop", op).orElseThrow()).state());
+        }
+    }
+
+    @Test
+    void theWorkerWakesOnNotifyNotOnItsPoll() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String target = unique("t");
+        AtomicBoolean stop = new AtomicBoolean();
+        try (Receiver r = new Receiver("201");
+                Sender s = Sender.builder(ds).url(target, r.url()).pollInterval(Duration.ofMinutes(1)).build()) {
+            CompletableFuture<Void> worker = CompletableFuture.runAsync(() -> {
+                try {
+                    s.run(target, false, stop::get);
+                } catch (SQLException e) {
+                    throw new RuntimeException(e);
+                }
+            });
+            Thread.sleep(500);
+            prepared(ds, unique("order"), target, null);
+            long deadline = System.nanoTime() + Duration.ofSeconds(10).toNanos();
+            while (r.keys.isEmpty() && System.nanoTime() < deadline) {
+                Thread.sleep(20);
+            }
+            assertEquals(1, r.keys.size(), "the worker did not wake up on the NOTIFY");
+            stop.set(true);
+            // The worker sees stop after its wait: wake it with one more send.
+            prepared(ds, unique("order"), target, null);
+            worker.get(20, java.util.concurrent.TimeUnit.SECONDS);
+        }
+    }
+}

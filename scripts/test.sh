@@ -119,6 +119,8 @@ register_suites() {
         clients/java/test.sh
     register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget; exactly one side effect per operation' \
         tests/sending/run.sh
+    register sending-portable 15  full -       'the sending side end to end against the portable edition (the Python send demo: the packages differ from each other in the client, not in the edition)' \
+        env IDEM_EDITION=portable tests/sending/run.sh python
     register e2e-apps        15   full ext     'the black-box HTTP suite (`tests/e2e/run.py`) against the demo app of every client package' \
         e2e_apps
     register claim-retry     each full cluster 'a claim whose reply to COMMIT is lost, repeated with its caller-chosen token (`tests/claim_retry/run.py`)' \

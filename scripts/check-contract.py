@@ -283,6 +283,12 @@ def check_settings(c, contract, files):
                 rf"{static.group(1)}: GucSetting<f64> = GucSetting::<f64>::new\(([\d.]+)\)", rs)
             c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}",
                     bool(default) and default.group(1) == s["default"], str(default and default.group(1)))
+        elif s["type"] == "boolean":
+            static = re.search(rf'define_bool_guc\(\s*c"{re.escape(s["name"])}",.*?&(\w+),', rs, re.DOTALL)
+            default = static and re.search(
+                rf"{static.group(1)}: GucSetting<bool> = GucSetting::<bool>::new\((true|false)\)", rs)
+            shown = default and {"true": "on", "false": "off"}[default.group(1)]
+            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}", shown == s["default"], str(shown))
         else:
             c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}", strings.get(s["name"]) == s["default"],
                     str(strings.get(s["name"])))

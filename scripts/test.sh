@@ -72,6 +72,10 @@ register_suites() {
         installcheck regress
     register isolation       each fast cluster 'isolationtester specs, one per interleaving that matters ([docs/reliability.md](docs/reliability.md#concurrent-sessions); `make -C tests installcheck REGRESS=`)' \
         installcheck isolation
+    register regress-spi     each fast cluster 'regress again with every record read through SPI (`idempotency.direct_read = off` in every session, [docs/operations.md](docs/operations.md#read-paths))' \
+        through_spi installcheck regress
+    register isolation-spi   each fast cluster 'the isolation specs again with every record read through SPI' \
+        through_spi installcheck isolation
     register docs-sql        each fast cluster 'every SQL block of README.md and docs/reference.md runs, in order, in a fresh database and prints what the page shows ([Documentation](#documentation))' \
         /usr/bin/python3 tests/docs/run.py
     register pg_cron         each full ext     'a cluster with pg_cron preloaded: `schedule_maintenance()`, then a wait until pg_cron has run the sweep and the release; where Debian ships pg_cron (15)' \
@@ -86,6 +90,10 @@ register_suites() {
         stress
     register security        each full ext     'privileges, row-level security, `search_path` hijacks, dump and restore with the `pg_dump` of that major, a hot standby, huge and hostile input ([docs/security.md](docs/security.md))' \
         tests/security/run.sh
+    register security-spi    15   full ext     'the security suite again with every record read through SPI' \
+        through_spi tests/security/run.sh
+    register stress-spi      15   full ext     'the stress run again with every record read through SPI' \
+        through_spi stress
     register security-portable each full -     'the security suite against the portable edition, each of its differences asserted as the portable behaviour ([docs/portable.md](docs/portable.md))' \
         env IDEM_EDITION=portable tests/security/run.sh
     register client-examples each full ext     'the Python, Node and Rust client examples against a real server (the Go one runs in go-client)' \
@@ -162,6 +170,12 @@ installcheck() { # installcheck regress|isolation
 completer() {
     psql -X -q -c "DROP DATABASE IF EXISTS completer_test" -c "CREATE DATABASE completer_test" postgres &&
         /usr/bin/python3 examples/completer.py --self-test --host "$PGHOST" --port "$PGPORT" --dbname completer_test
+}
+
+# COMMAND with idempotency.direct_read = off in every session it opens (libpq's PGOPTIONS,
+# also passed on to the servers' clients that the suites start): the SPI read path.
+through_spi() {
+    PGOPTIONS="${PGOPTIONS:-} -c idempotency.direct_read=off" "$@"
 }
 
 # The stress run crashes its server once, so it gets a cluster of its own.

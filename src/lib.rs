@@ -3,14 +3,16 @@
 //!
 //! Layers, each using only the ones below it (and, inside the glue, `spi`):
 //! - `api`: what SQL sees, one module per group of functions;
-//! - `spi`, `jsonb`, `settings`, `deployment`, `wakeup`: the glue to the server (statements,
-//!   datums, settings, where the tables live, waking the claims that wait);
+//! - `spi`, `direct`, `jsonb`, `settings`, `deployment`, `wakeup`: the glue to the server
+//!   (statements, the direct read of a record by its primary key, datums, settings, where the
+//!   tables live, waking the claims that wait);
 //! - `jcs`, `validate`, `record`, `errors`: pure rules, tested with a plain `cargo test`.
 
 use pgrx::prelude::*;
 
 mod api;
 mod deployment;
+mod direct;
 mod errors;
 mod jcs;
 mod jsonb;

@@ -24,6 +24,7 @@ static mut TOMBSTONE_TTL_TEXT: *mut c_char = std::ptr::null_mut();
 static mut TOMBSTONE_TTL: pg_sys::Interval = pg_sys::Interval { time: 0, day: 0, month: 0 };
 
 static MAX_RESPONSE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+static DIRECT_READ: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 // The sending side's settings are read by sql/send.sql (current_setting), shared with the
 // portable edition; registering them here checks a value when it is SET.
@@ -43,6 +44,14 @@ pub fn register() {
         1024 * 1024,
         GucContext::Userset,
         GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_bool_guc(
+        c"idempotency.direct_read",
+        c"Whether idem_claim and idem_seen read their record directly through the primary-key index where that is sure to answer as SPI would.",
+        c"off reads every record through SPI (docs/operations.md#read-paths).",
+        &DIRECT_READ,
+        GucContext::Userset,
+        GucFlags::default(),
     );
     GucRegistry::define_float_guc(
         c"idempotency.send_retry_budget",
@@ -131,6 +140,11 @@ pub fn register() {
         );
         pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());
     }
+}
+
+/// idempotency.direct_read.
+pub fn direct_read() -> bool {
+    DIRECT_READ.get()
 }
 
 /// idempotency.max_response_size in bytes.

@@ -11,13 +11,14 @@
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{self, INT4OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
-use pgrx::spi::{SpiClient, SpiTupleTable};
+use pgrx::spi::SpiClient;
 
 use crate::api::claim_result::Answer;
 use crate::api::wait;
+use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::record::{Outcome, Status};
-use crate::spi::{self, get, get_not_null, Kind, Statement};
+use crate::spi::{self, get, get_not_null, Columns, Kind, Statement};
 use crate::{settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
@@ -118,7 +119,7 @@ struct Stored {
 }
 
 impl Stored {
-    fn read(row: &SpiTupleTable<'_>) -> Self {
+    fn read(row: &impl Columns) -> Self {
         let status: String = get_not_null(row, &READ, "status");
         Stored {
             fingerprint: get(row, &READ, "fingerprint"),
@@ -130,6 +131,17 @@ impl Stored {
             expires_at: get_not_null(row, &READ, "expires_at"),
         }
     }
+}
+
+/// What a read of (scope, key) leads to.
+enum Next {
+    /// The answer, with nothing to write.
+    Answer(Answer),
+    /// The key is free: a new claim, inserted, or replacing the expired record that carried
+    /// token `expired`.
+    NewClaim { expired: Option<Uuid> },
+    /// The owner's lease ended: take the claim over, fenced on the token that was read.
+    TakeOver { read_token: Uuid, attempts: i32, expires_at: TimestampWithTimeZone },
 }
 
 /// What a claim asks for, checked.
@@ -163,149 +175,175 @@ pub(super) fn claim(
     };
     let wait = validate::wait_arg(wait)?;
     spi::require_primary("idem_claim")?;
-    let answer = Spi::connect_mut(|client| claim_at(client, &request, spi::now()))?;
+    let answer = claim_at(&request, spi::now())?;
     match wait {
         Some(micros) if answer.outcome == Outcome::InProgress && wait::can_wait() => {
-            wait::until_changed(request.scope, request.key, micros, |now| {
-                Spi::connect_mut(|client| claim_at(client, &request, now))
-            })
+            wait::until_changed(request.scope, request.key, micros, |now| claim_at(&request, now))
         }
         _ => Ok(answer),
     }
 }
 
-/// One claim as of `now`: read, then write only when the claim goes ahead.
-fn claim_at(
+/// One claim as of `now`: read (directly where that is safe, src/direct.rs), then write
+/// through SPI only when the claim goes ahead.
+fn claim_at(request: &Request<'_>, now: TimestampWithTimeZone) -> Result<Answer, IdemError> {
+    let first =
+        direct::read(Table::Keys, request.scope, request.key, READ.columns, |row| decide(request, now, row));
+    if let Some(Next::Answer(answer)) = first {
+        return Ok(answer);
+    }
+    Spi::connect_mut(|client| claim_with_spi(client, request, now, first))
+}
+
+/// What the record read (None: there is none) means for a claim as of `now`.
+fn decide(request: &Request<'_>, now: TimestampWithTimeZone, row: Option<&impl Columns>) -> Next {
+    let Some(row) = row else { return Next::NewClaim { expired: None } };
+    let fingerprint = request.fingerprint;
+    let stored = Stored::read(row);
+    if stored.expires_at <= now {
+        if stored.status == Status::Completed && tombstone_lasts(stored.expires_at, now) {
+            if stored.fingerprint.as_deref() != fingerprint {
+                return Next::Answer(Answer::mismatch(stored.expires_at));
+            }
+            let response_status: Option<i32> = get(row, &READ, "response_status");
+            return Next::Answer(Answer {
+                http_status: Some(410),
+                response_status,
+                attempts: Some(stored.attempts),
+                expires_at: Some(stored.expires_at),
+                ..Answer::empty(Outcome::Expired)
+            });
+        }
+        return Next::NewClaim { expired: Some(stored.token) };
+    }
+
+    if stored.fingerprint.as_deref() != fingerprint {
+        return Next::Answer(Answer::mismatch(stored.expires_at));
+    }
+    if stored.status == Status::Completed {
+        let response_status: Option<i32> = get(row, &READ, "response_status");
+        return Next::Answer(Answer {
+            http_status: response_status,
+            response_status,
+            response_headers: get(row, &READ, "response_headers"),
+            response_body: get(row, &READ, "response_body"),
+            attempts: Some(stored.attempts),
+            expires_at: Some(stored.expires_at),
+            ..Answer::empty(Outcome::Replay)
+        });
+    }
+    let locked_until = stored.locked_until.expect("in_progress has a lease");
+    if request.token == Some(stored.token) && locked_until > now {
+        // The caller's own claim, repeated (its first answer was lost): nothing to write.
+        // Once its lease ended it is taken over, with the caller's token: reclaimed.
+        return Next::Answer(Answer::claimed(
+            Outcome::Claimed,
+            stored.token,
+            stored.attempts,
+            locked_until,
+            stored.expires_at,
+            get(row, &READ, "recovery_point"),
+            get(row, &READ, "recovery_data"),
+        ));
+    }
+    if locked_until > now {
+        return Next::Answer(Answer {
+            http_status: Some(409),
+            attempts: Some(stored.attempts),
+            expires_at: Some(stored.expires_at),
+            locked_until: Some(locked_until),
+            ..Answer::empty(Outcome::InProgress)
+        });
+    }
+    let expires_at = now + request.ttl;
+    Next::TakeOver {
+        read_token: stored.token,
+        attempts: stored.attempts + 1,
+        expires_at: if stored.expires_at > expires_at { stored.expires_at } else { expires_at },
+    }
+}
+
+/// The claim's writes, and the reads through SPI after them (after a write they use fresh
+/// snapshots, so a lost race reads what the other transaction left). `first`: what the
+/// direct read decided, if it was taken.
+fn claim_with_spi(
     client: &mut SpiClient<'_>,
     request: &Request<'_>,
     now: TimestampWithTimeZone,
+    mut first: Option<Next>,
 ) -> Result<Answer, IdemError> {
-    let (scope, key, fingerprint, caller_token) =
-        (request.scope, request.key, request.fingerprint, request.token);
-    let (ttl, lease) = (request.ttl, request.lease);
-    let expires_at = now + ttl;
-    let lease_end = now + lease;
-    let new_token = || caller_token.unwrap_or_else(spi::new_token);
-
-    // A new claim of the free key: an INSERT, or the replacement of the expired record that
-    // carried token `expired`. None when another transaction changed the key first.
-    let new_claim = |client: &mut SpiClient<'_>, expired: Option<Uuid>| {
-        let token = new_token();
-        let args = [
-            scope.into(),
-            key.into(),
-            fingerprint.into(),
-            token.into(),
-            lease_end.into(),
-            now.into(),
-            expires_at.into(),
-            expired.into(),
-        ];
-        let (stmt, args) =
-            if expired.is_some() { (&REPLACE_EXPIRED, &args[..]) } else { (&INSERT, &args[..7]) };
-        spi::run(client, stmt, args);
-        (spi::processed() == 1)
-            .then(|| Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None))
-    };
+    let (scope, key) = (request.scope, request.key);
+    let expires_at = now + request.ttl;
+    let lease_end = now + request.lease;
+    let new_token = || request.token.unwrap_or_else(spi::new_token);
     for _ in 0..MAX_ROUNDS {
-        let found = spi::run(client, &READ, &[scope.into(), key.into()]);
-        if found.is_empty() {
-            match new_claim(client, None) {
-                Some(answer) => return Ok(answer),
-                None => continue, // another transaction inserted it first: read what it left
+        let next = match first.take() {
+            Some(next) => next,
+            None => {
+                let found = spi::run(client, &READ, &[scope.into(), key.into()]);
+                let row = (!found.is_empty()).then(|| found.first());
+                decide(request, now, row.as_ref())
             }
-        }
-
-        let row = found.first();
-        let stored = Stored::read(&row);
-        if stored.expires_at <= now {
-            if stored.status == Status::Completed && tombstone_lasts(stored.expires_at, now) {
-                if stored.fingerprint.as_deref() != fingerprint {
-                    return Ok(Answer::mismatch(stored.expires_at));
+        };
+        match next {
+            Next::Answer(answer) => return Ok(answer),
+            Next::NewClaim { expired } => {
+                let token = new_token();
+                let args = [
+                    scope.into(),
+                    key.into(),
+                    request.fingerprint.into(),
+                    token.into(),
+                    lease_end.into(),
+                    now.into(),
+                    expires_at.into(),
+                    expired.into(),
+                ];
+                let (stmt, args) =
+                    if expired.is_some() { (&REPLACE_EXPIRED, &args[..]) } else { (&INSERT, &args[..7]) };
+                spi::run(client, stmt, args);
+                if spi::processed() == 1 {
+                    return Ok(Answer::claimed(
+                        Outcome::Claimed,
+                        token,
+                        1,
+                        lease_end,
+                        expires_at,
+                        None,
+                        None,
+                    ));
                 }
-                let response_status: Option<i32> = get(&row, &READ, "response_status");
-                return Ok(Answer {
-                    http_status: Some(410),
-                    response_status,
-                    attempts: Some(stored.attempts),
-                    expires_at: Some(stored.expires_at),
-                    ..Answer::empty(Outcome::Expired)
-                });
+                // Another transaction changed the key first: read what it left.
             }
-            match new_claim(client, Some(stored.token)) {
-                Some(answer) => return Ok(answer),
-                None => continue,
+            Next::TakeOver { read_token, attempts, expires_at: new_expires } => {
+                let token = new_token();
+                let taken = spi::run(
+                    client,
+                    &TAKE_OVER,
+                    &[
+                        scope.into(),
+                        key.into(),
+                        token.into(),
+                        attempts.into(),
+                        lease_end.into(),
+                        now.into(),
+                        new_expires.into(),
+                        read_token.into(),
+                    ],
+                );
+                if !taken.is_empty() {
+                    let taken = taken.first();
+                    return Ok(Answer::claimed(
+                        Outcome::Reclaimed,
+                        token,
+                        attempts,
+                        lease_end,
+                        new_expires,
+                        get(&taken, &TAKE_OVER, "recovery_point"),
+                        get(&taken, &TAKE_OVER, "recovery_data"),
+                    ));
+                }
             }
-        }
-
-        if stored.fingerprint.as_deref() != fingerprint {
-            return Ok(Answer::mismatch(stored.expires_at));
-        }
-        if stored.status == Status::Completed {
-            let response_status: Option<i32> = get(&row, &READ, "response_status");
-            return Ok(Answer {
-                http_status: response_status,
-                response_status,
-                response_headers: get(&row, &READ, "response_headers"),
-                response_body: get(&row, &READ, "response_body"),
-                attempts: Some(stored.attempts),
-                expires_at: Some(stored.expires_at),
-                ..Answer::empty(Outcome::Replay)
-            });
-        }
-        let locked_until = stored.locked_until.expect("in_progress has a lease");
-        if caller_token == Some(stored.token) && locked_until > now {
-            // The caller's own claim, repeated (its first answer was lost): nothing to write.
-            // Once its lease ended it is taken over below, with the caller's token: reclaimed.
-            return Ok(Answer::claimed(
-                Outcome::Claimed,
-                stored.token,
-                stored.attempts,
-                locked_until,
-                stored.expires_at,
-                get(&row, &READ, "recovery_point"),
-                get(&row, &READ, "recovery_data"),
-            ));
-        }
-        if locked_until > now {
-            return Ok(Answer {
-                http_status: Some(409),
-                attempts: Some(stored.attempts),
-                expires_at: Some(stored.expires_at),
-                locked_until: Some(locked_until),
-                ..Answer::empty(Outcome::InProgress)
-            });
-        }
-
-        // The owner's lease ended: take the claim over, fenced on the token we read.
-        let token = new_token();
-        let attempts = stored.attempts + 1;
-        let new_expires = if stored.expires_at > expires_at { stored.expires_at } else { expires_at };
-        let taken = spi::run(
-            client,
-            &TAKE_OVER,
-            &[
-                scope.into(),
-                key.into(),
-                token.into(),
-                attempts.into(),
-                lease_end.into(),
-                now.into(),
-                new_expires.into(),
-                stored.token.into(),
-            ],
-        );
-        if !taken.is_empty() {
-            let taken = taken.first();
-            return Ok(Answer::claimed(
-                Outcome::Reclaimed,
-                token,
-                attempts,
-                lease_end,
-                new_expires,
-                get(&taken, &TAKE_OVER, "recovery_point"),
-                get(&taken, &TAKE_OVER, "recovery_data"),
-            ));
         }
     }
     Err(IdemError::ClaimContended { scope: scope.to_string(), key: key.to_string() })

@@ -9,6 +9,7 @@ use pgrx::pg_sys::{TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID};
 use pgrx::prelude::*;
 use pgrx::Array;
 
+use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::spi::{self, get_not_null, Kind, Statement};
 use crate::{settings, validate};
@@ -46,14 +47,19 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     spi::require_primary("idem_seen")?;
     let now = spi::now();
     let expires_at = now + ttl;
+    let live_until =
+        |row: Option<&_>| row.map(|row| get_not_null::<TimestampWithTimeZone>(row, &READ, "expires_at"));
+    let found = match direct::read(Table::Messages, scope, message_id, READ.columns, live_until) {
+        Some(found) => found,
+        None => Spi::connect_mut(|client| {
+            let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
+            (!found.is_empty()).then(|| get_not_null(&found.first(), &READ, "expires_at"))
+        }),
+    };
+    if found.is_some_and(|live_until: TimestampWithTimeZone| live_until > now) {
+        return Ok(false);
+    }
     Ok(Spi::connect_mut(|client| {
-        let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
-        if !found.is_empty() {
-            let live_until: TimestampWithTimeZone = get_not_null(&found.first(), &READ, "expires_at");
-            if live_until > now {
-                return false;
-            }
-        }
         spi::run(client, &RECORD, &[scope.into(), message_id.into(), now.into(), expires_at.into()]);
         spi::processed() == 1
     }))

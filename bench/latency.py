@@ -10,6 +10,9 @@ thread n writes P.<pid>.<n>.
   latency.py summarize RESULTS_DIR
       reads RESULTS_DIR/runs.tsv (written by bench/run.sh) and the logs it names; writes
       RESULTS_DIR/summary.tsv and RESULTS_DIR/summary.md and prints the Markdown.
+  latency.py releases RESULTS_DIR
+      reads RESULTS_DIR/runs.tsv written by bench/releases.sh (a release column, old or new,
+      instead of impl); writes summary.tsv and summary.md (medians of the rounds, new/old).
   latency.py window PREFIX [PREFIX...] [--from EPOCH] [--to EPOCH]
       one JSON object: n, tps, p50_ms, p99_ms, max_ms of the transactions of those logs that
       ended inside the window (all of them without --from/--to); for logs of pgbench --rate
@@ -83,9 +86,13 @@ def window(prefixes, t_from=None, t_to=None):
     }
 
 
-SCENARIOS = ["claim_complete", "replay", "in_progress", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
-IMPLS = ["ext", "peer", "floor", "portable"]
-IMPL_NAMES = {"ext": "extension", "peer": "PL/pgSQL peer", "floor": "raw SQL floor", "portable": "portable edition"}
+SCENARIOS = ["claim_complete", "replay", "in_progress", "mismatch", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
+IMPLS = ["ext", "ext_spi", "peer", "floor", "portable", "limit"]
+IMPL_NAMES = {"ext": "extension", "ext_spi": "extension, SPI read path", "peer": "PL/pgSQL peer",
+              "floor": "raw SQL floor", "portable": "portable edition", "limit": "limit: bare PK SELECT"}
+# The implementations summary.md compares with the others (ratio columns on their rows).
+COMPARED = ["ext", "ext_spi"]
+OTHERS = ["peer", "floor", "portable", "limit"]
 
 
 def fmt(x, digits=1):
@@ -159,47 +166,112 @@ def summarize(results):
     by = {(r["pg"], r["clients"], r["scenario"], r["impl"]): r for r in rows}
     with open(os.path.join(results, "summary.tsv"), "w") as f:
         cols = list(rows[0].keys()) if rows else []
-        f.write("\t".join(cols + ["ext_over_peer", "ext_over_floor", "ext_over_portable"]) + "\n")
+        ratio_cols = [f"{a}_over_{b}" for a in COMPARED for b in OTHERS]
+        f.write("\t".join(cols + ratio_cols) + "\n")
         for r in rows:
-            ext = by.get((r["pg"], r["clients"], r["scenario"], "ext"))
-            peer = by.get((r["pg"], r["clients"], r["scenario"], "peer"))
-            floor = by.get((r["pg"], r["clients"], r["scenario"], "floor"))
-            vp = ext["tps"] / peer["tps"] if ext and peer and peer["tps"] else float("nan")
-            vf = ext["tps"] / floor["tps"] if ext and floor and floor["tps"] else float("nan")
-            portable = by.get((r["pg"], r["clients"], r["scenario"], "portable"))
-            vq = ext["tps"] / portable["tps"] if ext and portable and portable["tps"] else float("nan")
+            ratios = []
+            for a in COMPARED:
+                x = by.get((r["pg"], r["clients"], r["scenario"], a))
+                for b in OTHERS:
+                    o = by.get((r["pg"], r["clients"], r["scenario"], b))
+                    ratios.append(f"{x['tps'] / o['tps']:.3f}" if x and o and o["tps"] else "nan")
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
-                    + f"\t{vp:.3f}\t{vf:.3f}\t{vq:.3f}\n")
+                    + "\t" + "\t".join(ratios) + "\n")
 
     out = []
     for pg, clients in sorted({(r["pg"], r["clients"]) for r in rows}):
         out.append(f"#### {'PostgreSQL ' + pg + ', ' if pg else ''}{clients} clients\n")
         out.append("| scenario | implementation | tps | spread | p50 ms | p99 ms | xids/txn | WAL B/txn "
-                   "| ext/peer tps | ext/floor tps | ext/portable tps |")
-        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                   "| tps / peer | tps / floor | tps / portable | tps / limit |")
+        out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             if (r["pg"], r["clients"]) != (pg, clients):
                 continue
-            ext = by.get((pg, clients, r["scenario"], "ext"))
-            cells = ["", "", ""]
-            if r["impl"] == "ext":
+            cells = [""] * len(OTHERS)
+            if r["impl"] in COMPARED:
                 cells = []
-                for other in ("peer", "floor", "portable"):
+                for other in OTHERS:
                     o = by.get((pg, clients, r["scenario"], other))
-                    cells.append(f"**{ext['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
+                    cells.append(f"**{r['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             out.append(
                 f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
                 f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
                 f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | "
-                f"{cells[0]} | {cells[1]} | {cells[2]} |"
+                f"{' | '.join(cells)} |"
             )
         out.append("")
     out.extend(across_majors(rows, by))
     out.append("tps: transactions per second from the logs, mean of the rounds; spread: half the range "
                "of the rounds' tps, relative to the mean; p50 / p99: over every transaction of every "
                "round; xids/txn and WAL B/txn: transaction ids assigned and WAL written during the "
-               "runs, per transaction (background activity included).")
+               "runs, per transaction (background activity included); tps / peer ... tps / limit: on the "
+               "rows of the extension (each read path), its tps over the other implementation's.")
+    text = "\n".join(out) + "\n"
+    with open(os.path.join(results, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def releases(results):
+    """bench/releases.sh: per client count and scenario, the old and the new release's median tps
+    of the rounds, new/old, and the range of the per-round ratios (round r's new over round r's
+    old: the runs of a round are back to back, so this range is the noise of the comparison)."""
+    with open(os.path.join(results, "runs.tsv")) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        runs = [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in f]
+    groups, versions = {}, {}
+    for r in runs:
+        lat, failed, first, last = read_logs(os.path.join(results, r["log_prefix"]))
+        r["lat"], r["failed"] = lat, failed
+        r["tps_log"] = len(lat) / (last - first) if lat and last > first else 0.0
+        versions[r["release"]] = r["version"]
+        groups.setdefault((int(r["clients"]), r["scenario"]), {}).setdefault(r["release"], {})[r["round"]] = r
+
+    def side(rounds):
+        lat = sorted(x for r in rounds.values() for x in r["lat"])
+        return {"tps": statistics.median(r["tps_log"] for r in rounds.values()),
+                "failed": sum(r["failed"] for r in rounds.values()),
+                "p50_ms": pct(lat, 50) / 1000, "p99_ms": pct(lat, 99) / 1000}
+
+    old, new = versions.get("old", "old"), versions.get("new", "new")
+    rows = []
+    for (clients, scenario), by_release in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], SCENARIOS.index(kv[0][1]) if kv[0][1] in SCENARIOS else 99)
+    ):
+        if "old" not in by_release or "new" not in by_release:
+            continue
+        o, n = side(by_release["old"]), side(by_release["new"])
+        paired = [by_release["new"][k]["tps_log"] / by_release["old"][k]["tps_log"]
+                  for k in by_release["new"] if k in by_release["old"] and by_release["old"][k]["tps_log"]]
+        rows.append({"clients": clients, "scenario": scenario, "rounds": len(paired),
+                     "tps_old": o["tps"], "tps_new": n["tps"],
+                     "new_over_old": n["tps"] / o["tps"] if o["tps"] else float("nan"),
+                     "round_ratio_min": min(paired, default=float("nan")),
+                     "round_ratio_max": max(paired, default=float("nan")),
+                     "p50_ms_old": o["p50_ms"], "p50_ms_new": n["p50_ms"],
+                     "p99_ms_old": o["p99_ms"], "p99_ms_new": n["p99_ms"],
+                     "failed": o["failed"] + n["failed"]})
+
+    with open(os.path.join(results, "summary.tsv"), "w") as f:
+        cols = list(rows[0].keys()) if rows else []
+        f.write("\t".join(cols) + "\n")
+        for r in rows:
+            f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols) + "\n")
+    out = [f"#### {new} against {old}, alternating\n",
+           f"| clients | scenario | tps {old} | tps {new} | {new}/{old} | per-round {new}/{old} "
+           f"| p50 ms {old} | p50 ms {new} | p99 ms {old} | p99 ms {new} |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        failed = f" ({r['failed']} failed)" if r["failed"] else ""
+        out.append(f"| {r['clients']} | {r['scenario']}{failed} | {fmt(r['tps_old'], 0)} | {fmt(r['tps_new'], 0)} "
+                   f"| **{r['new_over_old']:.2f}x** | {r['round_ratio_min']:.2f}-{r['round_ratio_max']:.2f} "
+                   f"| {fmt(r['p50_ms_old'], 3)} | {fmt(r['p50_ms_new'], 3)} "
+                   f"| {fmt(r['p99_ms_old'], 3)} | {fmt(r['p99_ms_new'], 3)} |")
+    out.append("")
+    out.append("tps: transactions per second from the logs, median of the rounds; per-round: the lowest and "
+               "the highest of each round's new tps over the same round's old tps (the two runs of a round "
+               "are back to back); p50 / p99: over every transaction of every round.")
     text = "\n".join(out) + "\n"
     with open(os.path.join(results, "summary.md"), "w") as f:
         f.write(text)
@@ -209,6 +281,8 @@ def summarize(results):
 def main(argv):
     if len(argv) >= 2 and argv[0] == "summarize":
         summarize(argv[1])
+    elif len(argv) >= 2 and argv[0] == "releases":
+        releases(argv[1])
     elif len(argv) >= 2 and argv[0] == "window":
         prefixes, t_from, t_to, i = [], None, None, 1
         while i < len(argv):

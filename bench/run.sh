@@ -7,23 +7,34 @@
 #   portable  the portable edition (sql/portable/, plain SQL and PL/pgSQL, docs/portable.md),
 #          installed into a second database (bench_portable, same schema name as the
 #          extension) and run with the ext scripts
+#   ext_spi  the ext scripts in sessions started with PGOPTIONS='-c idempotency.direct_read=off':
+#          the extension on its SPI read path (in the scenarios whose first look-up has the
+#          direct read path: claim_complete replay in_progress mismatch seen_new seen_dup). On a
+#          build without that setting it is only a placeholder and ext_spi runs what ext runs
+#          (machine.txt says which). For a whole run on one path instead, --conf
+#          'idempotency.direct_read = off' (a postgresql.conf line)
+#   limit  what the writeless answers cannot beat: the bare prepared primary-key SELECT of the
+#          stored record from idempotency.keys (replay, in_progress, mismatch), the bare
+#          SELECT 1 from idempotency.messages (seen_dup); summary.md shows ext / limit
 # in the scenarios of bench/scripts/<scenario>.<impl>.sql, with pgbench -n -M prepared -l.
-# For each client count and scenario the implementations alternate, ext peer floor portable ext
-# peer floor portable ..., for --rounds rounds, so that drift of a busy machine falls on all of them alike.
+# For each client count and scenario the implementations alternate, ext ext_spi peer floor portable
+# limit ext ext_spi ..., for --rounds rounds, so that drift of a busy machine falls on all of them alike.
 # With --pg "15 18" there is one cluster per major and, within each round, the majors
 # alternate too (ext peer floor on 15, then on 18); summary.md adds an 18-against-15 table.
 #
 #   bench/run.sh [--pg "15 18"] [--seconds S] [--clients "2 16"] [--rounds R] [--scenarios "a b"]
-#                [--nkeys N] [--port P] [--dir DIR] [--out DIR] [--conf 'name = value']...
-#                [--keep] [--smoke]
+#                [--impls "ext limit"] [--nkeys N] [--port P] [--dir DIR] [--out DIR]
+#                [--conf 'name = value']... [--keep] [--smoke]
 #
 #   --pg MAJORS      the PostgreSQL majors, one or several (default: $PG_MAJOR, else 15); the
 #                    extension must be installed into each. Ports: tests/lib.sh's "bench" row
 #   --seconds S      pgbench -T per run (default 10)
 #   --clients LIST   client counts (default "2 16"); pgbench threads: 2 at most (2 cores)
 #   --rounds R       rounds of alternation (default 2, at least 2 for figures)
+#   --impls LIST     the implementations to run where a scenario has them (default: all of
+#                    ext ext_spi peer floor portable limit)
 #   --nkeys N        pre-populated records per implementation for replay / in_progress /
-#                    duplicate messages (default 100000)
+#                    mismatch / duplicate messages (default 100000)
 #   --scenarios      seen_many is not a pgbench script of its own: it runs bench/seen_many.sh
 #                    (batches of 100 against 100 idem_seen calls and against its floor) on
 #                    each major's cluster after the others, with --seconds, --rounds and 2
@@ -49,7 +60,10 @@ CDIR=""
 OUT=""
 KEEP=0
 SMOKE=0
-SCENARIOS="claim_complete replay in_progress seen_new seen_dup fp_1k fp_64k seen_many"
+SCENARIOS="claim_complete replay in_progress mismatch seen_new seen_dup fp_1k fp_64k seen_many"
+IMPLS="ext ext_spi peer floor portable limit"
+# The scenarios whose first look-up (idem_claim's, idem_seen's) has a direct read path.
+READ_PATH_SCENARIOS="claim_complete replay in_progress mismatch seen_new seen_dup"
 CONF=("shared_buffers = 512MB" "max_wal_size = 4GB" "checkpoint_timeout = 30min")
 while [ $# -gt 0 ]; do
     case $1 in
@@ -57,6 +71,7 @@ while [ $# -gt 0 ]; do
         --clients) CLIENTS=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --scenarios) SCENARIOS=$2; shift 2 ;;
+        --impls) IMPLS=$2; shift 2 ;;
         --nkeys) NKEYS=$2; shift 2 ;;
         --pg) MAJORS=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
@@ -72,6 +87,11 @@ done
 if [ "$SMOKE" = 1 ]; then
     CLIENTS="2"; ROUNDS=2; NKEYS=1000
 fi
+for i in $IMPLS; do
+    case $i in ext|ext_spi|peer|floor|portable|limit) ;;
+        *) echo "run.sh: --impls: unknown implementation '$i' (ext ext_spi peer floor portable limit)" >&2; exit 2 ;;
+    esac
+done
 read -r -a MAJORS <<<"$MAJORS"
 declare -A PORTS CDIRS
 for m in "${MAJORS[@]}"; do
@@ -121,14 +141,24 @@ for m in "${MAJORS[@]}"; do
     sed '/^CREATE EXTENSION/d' "$BENCH/setup.sql" | DB=$PORTABLE_DB q -v nkeys="$NKEYS" >"$OUT/setup-portable-pg$m.log"
     [ ${#MAJORS[@]} -gt 1 ] && echo "## PostgreSQL $m" | tee -a "$OUT/machine.txt" "$OUT/checks.md"
     machine_info | tee -a "$OUT/machine.txt"
+    # A session that has loaded the library lists the setting in pg_settings only if the
+    # build defines it (a placeholder is not listed).
+    if [ "$(q -c "SELECT idempotency.idem_lookup('-', '-') IS NULL" -c "SELECT count(*) FROM pg_settings WHERE name = 'idempotency.direct_read'" | tail -n 1)" = 1 ]; then
+        echo "read paths:  idempotency.direct_read is a setting of this build: ext_spi runs the SPI read path" | tee -a "$OUT/machine.txt"
+    else
+        echo "read paths:  idempotency.direct_read is not a setting of this build: ext_spi runs what ext runs" | tee -a "$OUT/machine.txt"
+    fi
     echo "== no transaction id, no lock for answers from a read"
     "$BENCH/checks.sh" "$CDIR" "$PORT" "$DB" | tee -a "$OUT/checks.md"
 done
 
+# script_of IMPL: the script suffix an implementation runs (portable and ext_spi run ext's).
+script_of() { case $1 in portable|ext_spi) echo ext ;; *) echo "$1" ;; esac; }
 impls_of() {
     local s=$1 i
-    for i in ext peer floor portable; do
-        [ -f "$BENCH/scripts/$s.${i/portable/ext}.sql" ] && echo "$i"
+    for i in $IMPLS; do
+        [ "$i" = ext_spi ] && [[ " $READ_PATH_SCENARIOS " != *" $s "* ]] && continue
+        [ -f "$BENCH/scripts/$s.$(script_of "$i").sql" ] && echo "$i"
     done
     return 0
 }
@@ -147,10 +177,12 @@ for c in $CLIENTS; do
                 q -c "CHECKPOINT"
                 x0=$(xid_next); l0=$(wal_lsn); t0=$(date +%s)
                 if [ "$SMOKE" = 1 ]; then length=(-t 200); else length=(-T "$SECONDS_PER_RUN"); fi
-                # The portable edition: the ext script, in its own database.
-                db=$DB; script=$i
-                [ "$i" = portable ] && { db=$PORTABLE_DB; script=ext; }
-                pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j "$threads" \
+                # The portable edition: the ext script, in its own database; ext_spi: the ext
+                # script with the direct read path off in every session.
+                db=$DB; script=$(script_of "$i"); options=${PGOPTIONS:-}
+                [ "$i" = portable ] && db=$PORTABLE_DB
+                [ "$i" = ext_spi ] && options+=" -c idempotency.direct_read=off"
+                PGOPTIONS=$options pgbench -h "$CDIR/socket" -p "$PORT" -U postgres -n -M prepared -c "$c" -j "$threads" \
                     "${length[@]}" -D nkeys="$NKEYS" -l --log-prefix="$OUT/logs/$name" \
                     -f "$BENCH/scripts/$s.$script.sql" "$db" >"$OUT/logs/$name.out" 2>&1 || {
                     echo "pgbench failed for $name:"; cat "$OUT/logs/$name.out"; exit 1; }
@@ -158,7 +190,7 @@ for c in $CLIENTS; do
                 tps=$(sed -n 's/^tps = \([0-9.]*\) (without.*/\1/p' "$OUT/logs/$name.out")
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$s" "$i" "$r" "logs/$name" "$tps" \
                     "$((x1 - x0))" "$(wal_diff "$l0" "$l1")" "$t0" "$m" >>"$OUT/runs.tsv"
-                printf 'pg%s %-16s %-6s c=%-3s round %s: %10s tps\n' "$m" "$s" "$i" "$c" "$r" "$tps"
+                printf 'pg%s %-16s %-8s c=%-3s round %s: %10s tps\n' "$m" "$s" "$i" "$c" "$r" "$tps"
             done
           done
         done

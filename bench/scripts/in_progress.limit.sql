@@ -1,0 +1,4 @@
+-- The limit: the bare prepared primary-key read of the stored record ('p-<n>', as in
+-- in_progress.ext.sql) that idem_claim answers this retry from, and nothing else. Autocommit.
+\set n random(1, :nkeys)
+SELECT status, fingerprint, token, attempts, locked_until, expires_at, response_status, response_headers, response_body FROM idempotency.keys WHERE scope = 'acct_42 POST /charges' AND key = 'p-' || :n::text;

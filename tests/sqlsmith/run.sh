@@ -5,10 +5,9 @@
 # on, on a fresh cluster holding completed, in-progress, stale and expired claims, seen
 # messages and outbound requests, so the direct read finds rows.
 #   tests/sqlsmith/run.sh
-#   SQLSMITH_SEED=N      SQLsmith's seed (default 453715129: its first 3000 queries call
-#                        idem_claim and idem_seen with records' scopes and keys, hundreds
-#                        of times each; the queries depend on the seed alone, what they
-#                        read on the rows above)
+#   SQLSMITH_SEED=N      SQLsmith's seed (default 22: its 3000 queries call idem_claim and
+#                        idem_seen with records' scopes and keys, 100-200 and some 4000
+#                        times; many seeds reach only one of the two)
 #   SQLSMITH_QUERIES=N   how many queries SQLsmith generates (default 3000, about 30 s here)
 #   SQLSMITH_KEEP=1      keep the cluster's folder (kept anyway when a check fails)
 # Checks: SQLsmith ran its queries; the server log holds no crash (a backend terminated by
@@ -21,7 +20,7 @@ set -uo pipefail
 cd "$ROOT" || exit 2
 DIR=$(dir_of sqlsmith)
 PORT=$(port_of sqlsmith)
-SEED=${SQLSMITH_SEED:-453715129}
+SEED=${SQLSMITH_SEED:-22}
 QUERIES=${SQLSMITH_QUERIES:-3000}
 # Enough queries for the checks below to mean something: fewer, and SQLsmith stopped early.
 MIN_QUERIES=$((QUERIES * 9 / 10))
@@ -47,9 +46,11 @@ fi
 
 # track_activity_query_size: the crash report's "Failed process was running" holds the whole
 # query. The statements of SQLsmith's many ordinary errors are not logged; the error lines
-# (with their SQLSTATE, %e) are.
+# (with their SQLSTATE, %e) are. autovacuum off: the rows and their statistics stay as the
+# setup leaves them (SQLsmith rolls back each query), so a seed's queries and plans, and
+# what they call, change little from run to run.
 cluster_fresh "$DIR" "$PORT" "track_activity_query_size = 65536" \
-    "log_line_prefix = '%m [%p] %e '" "log_min_error_statement = panic" ||
+    "log_line_prefix = '%m [%p] %e '" "log_min_error_statement = panic" "autovacuum = off" ||
     { fail "start the cluster"; finish sqlsmith; exit 1; }
 cleanup() {
     cluster_stop "$DIR"

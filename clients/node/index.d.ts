@@ -79,6 +79,12 @@ export declare class IdempotencyClient {
   /** Resolves to the stored body as jsonb prints it, or null. */
   complete(scope: string, key: string, token: string, status: number,
     options?: { body?: unknown; bodyJson?: string | null; headers?: Record<string, string> | null }): Promise<string | null>;
+  /** BEGIN and the claim in one round trip on a connection of its own; the transaction is left open. */
+  beginAndClaim(scope: string, key: string,
+    options?: { fingerprint?: string | null; ttl?: IntervalInput }): Promise<ClaimResult>;
+  /** idem_complete and COMMIT in one round trip; COMMIT is not run when the completion fails. */
+  completeAndCommit(scope: string, key: string, token: string, status: number,
+    options?: { bodyJson?: string | null; headers?: Record<string, string> | null }): Promise<string | null>;
   checkpoint(scope: string, key: string, token: string, recoveryPoint: string,
     options?: { data?: unknown; lease?: IntervalInput }): Promise<Date>;
   release(scope: string, key: string, token: string): Promise<boolean>;

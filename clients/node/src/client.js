@@ -33,7 +33,7 @@ function jsonText(v) {
   return v === undefined || v === null ? null : JSON.stringify(v);
 }
 
-function claimSql(extraArgs) {
+function claimSql(extraArgs, firstArgs = '$1, $2, $3') {
   return `
 SELECT c.outcome, c.token::text AS token, c.http_status, c.response_status, c.response_headers,
        c.response_body::text AS response_body_text, c.recovery_point, c.recovery_data, c.attempts,
@@ -41,7 +41,22 @@ SELECT c.outcome, c.token::text AS token, c.http_status, c.response_status, c.re
        CASE WHEN c.outcome = 'in_progress' AND c.locked_until IS NOT NULL
             THEN greatest(1, ceil(extract(epoch FROM c.locked_until - clock_timestamp())))::int END
          AS retry_after
-FROM idempotency.idem_claim($1, $2, $3, ttl => $4::interval, lease => $5::interval${extraArgs}) AS c`;
+FROM idempotency.idem_claim(${firstArgs}${extraArgs}) AS c`;
+}
+
+/**
+ * A SQL literal for a simple-protocol statement (node-postgres sends parameters only with the
+ * extended protocol, one statement per round trip). An escape string E'...' reads backslashes
+ * the same whatever standard_conforming_strings says: each backslash and quote is doubled, so
+ * the text comes back unchanged (node-postgres talks UTF-8, where no multi-byte character holds
+ * a quote or backslash byte). null and undefined are NULL; text holding NUL is refused, as
+ * PostgreSQL cannot store it.
+ */
+export function sqlLiteral(value) {
+  if (value === null || value === undefined) return 'NULL';
+  const text = String(value);
+  if (text.includes('\0')) throw new TypeError('a text value for PostgreSQL cannot hold U+0000 (NUL)');
+  return `E'${text.replace(/\\/g, '\\\\').replace(/'/g, "''")}'`;
 }
 
 function claimResult(row) {
@@ -106,7 +121,7 @@ export class IdempotencyClient {
   async claim(scope, key, { fingerprint = null, ttl, lease, wait, token } = {}) {
     const features = await this.features();
     const params = [scope, key, fingerprint, intervalText(ttl), intervalText(lease)];
-    let extra = '';
+    let extra = ', ttl => $4::interval, lease => $5::interval';
     if (features.wait && wait !== undefined && wait !== null) {
       params.push(intervalText(wait));
       extra += `, wait => $${params.length}::interval`;
@@ -117,6 +132,34 @@ export class IdempotencyClient {
     }
     const r = await this.query(claimSql(extra), params);
     return claimResult(r.rows[0]);
+  }
+
+  /**
+   * `BEGIN` and idem_claim in one round trip (one simple-protocol string of two statements) on a
+   * connection of its own (a pg.PoolClient): the transaction stays open, also when the claim
+   * fails (then aborted); the caller ends it (completeAndCommit, or ROLLBACK).
+   */
+  async beginAndClaim(scope, key, { fingerprint = null, ttl } = {}) {
+    const args = [scope, key, fingerprint].map(sqlLiteral).join(', ');
+    const r = await this.query(`BEGIN; ${claimSql(`, ttl => ${sqlLiteral(intervalText(ttl))}::interval, lease => NULL::interval`,
+      `${args}::text`)}`);
+    return claimResult(r[1].rows[0]);
+  }
+
+  /**
+   * idem_complete and `COMMIT` in one round trip, in the transaction beginAndClaim opened. When
+   * idem_complete fails, COMMIT is not run (the statements after a failed one are skipped) and the
+   * transaction stays open, aborted, for the caller's ROLLBACK. Resolves as complete() does.
+   */
+  async completeAndCommit(scope, key, token, status, { bodyJson, headers } = {}) {
+    if (!Number.isInteger(status)) throw new TypeError(`an HTTP status must be an integer, not ${status}`);
+    const r = await this.query(
+      `SELECT stored.body::text AS body
+       FROM (SELECT ${sqlLiteral(bodyJson)}::jsonb AS body) AS stored,
+            idempotency.idem_complete(${sqlLiteral(scope)}, ${sqlLiteral(key)}, ${sqlLiteral(token)}::uuid, ${status},
+                                      stored.body, ${sqlLiteral(jsonText(headers))}::jsonb);
+       COMMIT`);
+    return r[0].rows[0].body;
   }
 
   /**

@@ -15,6 +15,9 @@ export function fieldLines(rawHeaders, name = 'idempotency-key') {
 
 // RFC 9110 tchar, ':' and '/' (an sf-token's characters): what a bare (unquoted) key may hold.
 const BARE_KEY = /^[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+$/;
+// An RFC 8941 sf-string without escapes (printable ASCII but '"' and '\\'), e.g. a quoted UUID: its
+// value is what lies between the quotes; anything else goes to structured-headers' parser.
+const PLAIN_QUOTED = /^"([\x20\x21\x23-\x5b\x5d-\x7e]*)"$/;
 
 /**
  * contract/contract.json's key_header: exactly one field line holding an RFC 8941 sf-string
@@ -28,7 +31,10 @@ export function parseIdempotencyKey(values) {
   if (values.length > 1) return { error: 'the Idempotency-Key header must appear once' };
   const raw = values[0].replace(/^[ \t]+|[ \t]+$/g, '');
   let value = raw;
-  if (raw.startsWith('"')) {
+  const plain = PLAIN_QUOTED.exec(raw);
+  if (plain) {
+    value = plain[1];
+  } else if (raw.startsWith('"')) {
     let item;
     try {
       item = parseItem(raw);

@@ -98,6 +98,9 @@ export class Idempotency {
       : this.#sameTransaction(o, handler, req, claim);
   }
 
+  // BEGIN + claim, the handler, idem_complete + COMMIT: two round trips besides the handler's. A
+  // claim that runs nothing (replay, 409, 422, 410) resolves at once: its ROLLBACK is sent while
+  // the answer goes out, and the connection goes back to the pool once it is done.
   async #sameTransaction(o, handler, req, claim) {
     const db = await this.pool.connect();
     // A checked-out connection the server drops would otherwise emit an unhandled 'error' (the
@@ -105,15 +108,27 @@ export class Idempotency {
     let broken;
     const onError = (e) => void (broken = e);
     db.on('error', onError);
+    const release = () => {
+      db.removeListener('error', onError);
+      db.release(broken);
+    };
     let open = false;
+    let releaseLater = false;
     try {
-      await db.query('BEGIN');
-      open = true;
       const idem = this.client.on(db);
       let c = null;
       if (claim) {
-        c = await idem.claim(claim.scope, claim.key, { fingerprint: claim.fingerprint, ttl: o.ttl });
-        if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) return answerWithoutWork(c);
+        open = true; // BEGIN is sent with the claim: a failed claim leaves it to roll back
+        c = await idem.beginAndClaim(claim.scope, claim.key, { fingerprint: claim.fingerprint, ttl: o.ttl });
+        if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) {
+          open = false;
+          releaseLater = true;
+          db.query('ROLLBACK').catch((e) => void (broken = e)).finally(release);
+          return answerWithoutWork(c);
+        }
+      } else {
+        await db.query('BEGIN');
+        open = true;
       }
       const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
       const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
@@ -122,18 +137,29 @@ export class Idempotency {
         await commit(db, notStored(res, o) ? 'ROLLBACK' : 'COMMIT');
         return send(res, res.text);
       }
-      const stored = await idem.complete(claim.scope, claim.key, c.token, res.status,
-        { bodyJson: res.json, headers: res.stored });
+      let stored;
+      try {
+        stored = await idem.completeAndCommit(claim.scope, claim.key, c.token, res.status,
+          { bodyJson: res.json, headers: res.stored });
+      } catch (e) {
+        // The server's own error (idem_complete refused, or COMMIT failed): rolled back, as
+        // before; the connection lost on the way: the COMMIT may or may not have happened.
+        if (isUnavailable(e)) {
+          open = false;
+          throw new OutcomeUnknown('idem_complete and COMMIT got no answer; the transaction may or may not have committed', e);
+        }
+        throw e;
+      }
       open = false;
-      await commit(db, 'COMMIT');
       return send(res, res.isJson ? stored ?? '' : res.text);
     } catch (e) {
       if (isUnavailable(e)) broken ??= e;
       throw e;
     } finally {
-      if (open && !broken) await db.query('ROLLBACK').catch((e) => void (broken = e));
-      db.removeListener('error', onError);
-      db.release(broken);
+      if (!releaseLater) {
+        if (open && !broken) await db.query('ROLLBACK').catch((e) => void (broken = e));
+        release();
+      }
     }
   }
 

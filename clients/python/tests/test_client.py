@@ -4,6 +4,7 @@ sync and async."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -224,3 +225,52 @@ def test_async_client_outcomes_and_errors(db_url):
     assert rec.recovery_point == "p1"
     assert replay.outcome == Outcome.REPLAY and replay.response_body_text == sent == '{"id": 1}'
     assert released is True and seen == [True, False] and fp.startswith("sha256:")
+
+
+HOSTILE = ["'", "''", "\\", "\\\\'", "\\'; DROP TABLE idempotency.keys; --", "E'x'", "$$", "$1", "%s", "%(key)s",
+           "a'b\\c\"d", "'); COMMIT; SELECT ('", "é€𝄞 ключ キー", "\\x41\\u0041\\101", "\u2028\ufeff"]
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_begin_and_claim_then_complete_and_commit_with_hostile_text(db_url, conforming):
+    """The one-round-trip pair quotes its arguments on the client (psycopg, libpq's escaping):
+    hostile scopes, keys, fingerprints, headers and bodies are stored as they are, whatever
+    standard_conforming_strings says."""
+    aidem = AsyncIdempotency()
+
+    async def run():
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            await c.execute(f"SET standard_conforming_strings = {conforming}")
+            for text in HOSTILE:
+                scope, k = f"hostile {text}", f"{text} {uuid.uuid4()}"
+                claim = await aidem.begin_and_claim(c, scope, k, f"fp {text}", lease=timedelta(seconds=5))
+                assert claim.outcome == Outcome.CLAIMED
+                assert c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+                body = json.dumps({"text": text})
+                sent = await aidem.complete_and_commit(c, scope, k, claim.token, 201, {"Location": text}, body)
+                assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                rec = await aidem.lookup(c, scope, k)
+                assert json.loads(sent) == {"text": text}
+                assert (rec.status, rec.fingerprint) == ("completed", f"fp {text}")
+                assert rec.response_headers == {"Location": text} and rec.response_body == {"text": text}
+
+    asyncio.run(run())
+
+
+def test_a_failed_completion_does_not_commit(db_url):
+    """complete_and_commit with a token that does not own the key: IK002, COMMIT not run, the
+    transaction left aborted; its rollback takes the claim with it."""
+    aidem = AsyncIdempotency()
+
+    async def run():
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            k = key()
+            await aidem.begin_and_claim(c, "s-fail", k)
+            with pytest.raises(NotOwner):
+                await aidem.complete_and_commit(c, "s-fail", k, uuid.uuid4(), 201, None, "{}")
+            status = c.info.transaction_status
+            await c.rollback()
+            return status, await aidem.lookup(c, "s-fail", k)
+
+    status, record = asyncio.run(run())
+    assert status == psycopg.pq.TransactionStatus.INERROR and record is None

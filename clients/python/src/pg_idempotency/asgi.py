@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import psycopg
@@ -108,15 +108,19 @@ class IdempotencyMiddleware:
             return await write(send, await self.without_key(scope, body, idem_scope, policy))
         fingerprint = fingerprint_body(body, policy.ignore_fields)
         progress = _Progress()
-        try:
-            if policy.mode == COMMITTED_FIRST:
-                answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy, progress)
-            else:
-                answer = await self.same_transaction(scope, body, idem_scope, key, fingerprint, policy, progress)
-        except Exception as e:
-            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
-            answer = http.failure_answer(e, progress.handler_ran)
-        await write(send, answer)
+        # What must still happen once the answer is written (a writeless claim's ROLLBACK, the
+        # connection back to the pool): the client does not wait for it.
+        async with AsyncExitStack() as after_answer:
+            try:
+                if policy.mode == COMMITTED_FIRST:
+                    answer = await self.committed_first(scope, body, idem_scope, key, fingerprint, policy, progress)
+                else:
+                    answer = await self.same_transaction(after_answer, scope, body, idem_scope, key, fingerprint,
+                                                         policy, progress)
+            except Exception as e:
+                log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+                answer = http.failure_answer(e, progress.handler_ran)
+            await write(send, answer)
 
     async def without_key(self, scope: Scope, body: bytes, idem_scope: str, policy: RoutePolicy) -> Answer:
         """required=False and no key: the handler runs unprotected but with the same handle
@@ -142,12 +146,14 @@ class IdempotencyMiddleware:
             return http.failure_answer(e, progress.handler_ran)
 
     async def claim(self, conn: psycopg.AsyncConnection, idem_scope: str, key: str, fingerprint: str,
-                    policy: RoutePolicy, token: uuid.UUID | None = None) -> Claim:
+                    policy: RoutePolicy, token: uuid.UUID | None = None, *, begin: bool = False) -> Claim:
+        """The claim; with `begin`, `BEGIN` is sent with it (one round trip) and the
+        transaction is left open."""
         features = await self.client.features(conn)
-        return await self.client.claim(
-            conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
-            wait=policy.wait if features.claim_wait else None,
-            token=(token or uuid.uuid4()) if features.claim_token else None)
+        claim = self.client.begin_and_claim if begin else self.client.claim
+        return await claim(conn, idem_scope, key, fingerprint, ttl=policy.ttl, lease=policy.lease,
+                           wait=policy.wait if features.claim_wait else None,
+                           token=(token or uuid.uuid4()) if features.claim_token else None)
 
     async def claim_committed(self, idem_scope: str, key: str, fingerprint: str, policy: RoutePolicy) -> Claim:
         """A committed claim. With an extension that takes the caller's token, a claim whose
@@ -165,36 +171,37 @@ class IdempotencyMiddleware:
         async with self.pool.connection() as conn:
             return await self.claim(conn, idem_scope, key, fingerprint, policy, token)
 
-    async def same_transaction(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
-                               policy: RoutePolicy, progress: _Progress) -> Answer:
-        """Errors (the database unreachable, a failed completion) raise to __call__."""
+    async def same_transaction(self, after_answer: AsyncExitStack, scope: Scope, body: bytes, idem_scope: str,
+                               key: str, fingerprint: str, policy: RoutePolicy, progress: _Progress) -> Answer:
+        """`BEGIN` + claim, the handler, idem_complete + `COMMIT`: two round trips besides the
+        handler's. A claim that runs nothing (replay, 409, 422, 410) is answered at once and
+        rolled back after the answer is written. Answers that are not stored roll back
+        first. Errors (the database unreachable, a failed completion) roll back and raise to
+        __call__."""
+        conn = await after_answer.enter_async_context(self.pool.connection())
         try:
-            async with self.pool.connection() as conn, conn.transaction():
-                return await self.in_transaction(conn, scope, body, idem_scope, key, fingerprint, policy, progress)
-        except _RolledBack as r:
-            return r.answer
-
-    async def in_transaction(self, conn: psycopg.AsyncConnection, scope: Scope, body: bytes, idem_scope: str,
-                             key: str, fingerprint: str, policy: RoutePolicy, progress: _Progress) -> Answer:
-        """Claim, handler and stored response in the open transaction; raises _RolledBack
-        for answers that are not stored."""
-        claim = await self.claim(conn, idem_scope, key, fingerprint, policy)
-        if not claim.owned:
-            return http.answer_without_work(claim)
-        ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, conn)
-        progress.handler_ran = True
-        try:
-            status, headers, out = await run_app(self.app, scope, body, ctx)
-        except Exception:
-            log.exception("handler failed; the claim and its writes are rolled back")
-            failed = http.contract_problem("internal-error")
-            raise _RolledBack(failed) from None
-        if not policy.stores(status):
-            raise _RolledBack(Answer(status, headers, out))
-        text, stored = http.storable(policy, headers, out)
-        sent = await self.client.complete(conn, idem_scope, key, claim.token, status,  # type: ignore[arg-type]
-                                          headers=stored, body_json=text)
-        return first_answer(status, headers, stored, sent)
+            claim = await self.claim(conn, idem_scope, key, fingerprint, policy, begin=True)
+            if not claim.owned:
+                after_answer.push_async_callback(roll_back, conn)
+                return http.answer_without_work(claim)
+            ctx = AsyncIdempotencyContext(self.client, self.pool, idem_scope, key, claim, policy, conn)
+            progress.handler_ran = True
+            try:
+                status, headers, out = await run_app(self.app, scope, body, ctx)
+            except Exception:
+                log.exception("handler failed; the claim and its writes are rolled back")
+                await conn.rollback()
+                return http.contract_problem("internal-error")
+            if not policy.stores(status):
+                await conn.rollback()
+                return Answer(status, headers, out)
+            text, stored = http.storable(policy, headers, out)
+            sent = await self.client.complete_and_commit(conn, idem_scope, key, claim.token,  # type: ignore[arg-type]
+                                                         status, stored, text)
+            return first_answer(status, headers, stored, sent)
+        except BaseException:
+            await roll_back(conn)
+            raise
 
     async def committed_first(self, scope: Scope, body: bytes, idem_scope: str, key: str, fingerprint: str,
                               policy: RoutePolicy, progress: _Progress) -> Answer:
@@ -247,6 +254,15 @@ class IdempotencyMiddleware:
 class _RolledBack(Exception):
     def __init__(self, answer: Answer):
         self.answer = answer
+
+
+async def roll_back(conn: psycopg.AsyncConnection) -> None:
+    """Ends the transaction left open, if any; a connection that fails here is discarded by
+    the pool, which rolls back what it is given back in a transaction."""
+    try:
+        await conn.rollback()
+    except psycopg.Error as e:
+        log.warning("ROLLBACK failed: %s", e)
 
 
 class _Progress:

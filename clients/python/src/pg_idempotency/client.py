@@ -151,6 +151,12 @@ def record_from_row(row: Sequence[Any] | None) -> Record | None:
 
 COMPLETE_SQL = ("SELECT %(body)s::jsonb::text FROM idempotency.idem_complete("
                 "%(scope)s, %(key)s, %(token)s::uuid, %(status)s::int, %(body)s::jsonb, %(headers)s::jsonb)")
+# Two statements in one simple-protocol string (the arguments quoted by psycopg's client-side
+# binding, libpq's escaping): the statements after a failed one are not run, so a completion
+# that fails never commits.
+COMPLETE_AND_COMMIT_SQL = (
+    "SELECT stored.body::text FROM (SELECT %(body)s::jsonb AS body) AS stored, idempotency.idem_complete("
+    "%(scope)s, %(key)s, %(token)s::uuid, %(status)s::int, stored.body, %(headers)s::jsonb); COMMIT")
 CHECKPOINT_SQL = ("SELECT idempotency.idem_checkpoint(%s, %s, %s::uuid, %s, %s::jsonb, %s::interval)")
 RELEASE_SQL = "SELECT idempotency.idem_release(%s, %s, %s::uuid)"
 LOOKUP_SQL = f"SELECT {RECORD_COLUMNS} FROM idempotency.idem_lookup(%s, %s)"
@@ -207,6 +213,18 @@ class Idempotency:
         text = body_json if body_json is not None else (None if body is None else json.dumps(body))
         row = self._run(conn, COMPLETE_SQL, complete_params(scope, key, token, status, text, headers))
         return row[0]  # type: ignore[index]
+
+    def complete_and_commit(self, conn: psycopg.Connection, scope: str, key: str, token: UUID, status: int,
+                            headers: dict[str, Any] | None, body_json: str | None) -> str | None:
+        """idem_complete and `COMMIT` in one round trip, in a transaction already open. When
+        the completion fails, COMMIT is not run and the transaction stays open (aborted) for
+        the caller's rollback."""
+        cur = psycopg.ClientCursor(conn)
+        try:
+            cur.execute(COMPLETE_AND_COMMIT_SQL, complete_params(scope, key, token, status, body_json, headers))
+            return cur.fetchone()[0]  # type: ignore[index]
+        except psycopg.Error as e:
+            raise translate(e) from e
 
     def checkpoint(self, conn: psycopg.Connection, scope: str, key: str, token: UUID, recovery_point: str,
                    recovery_data: Any = None, lease: timedelta | None = None) -> datetime:
@@ -270,6 +288,34 @@ class AsyncIdempotency:
         text = body_json if body_json is not None else (None if body is None else json.dumps(body))
         row = await self._run(conn, COMPLETE_SQL, complete_params(scope, key, token, status, text, headers))
         return row[0]  # type: ignore[index]
+
+    async def begin_and_claim(self, conn: psycopg.AsyncConnection, scope: str, key: str,
+                              fingerprint: str | None = None, *, ttl: timedelta | None = None,
+                              lease: timedelta | None = None, wait: timedelta | None = None,
+                              token: UUID | None = None) -> Claim:
+        """`BEGIN` and the claim in one round trip, on an autocommit connection. The
+        transaction stays open, also when the claim fails (then aborted): the caller ends it
+        (`complete_and_commit`, or `conn.rollback()`)."""
+        sql, params = claim_statement(await self.features(conn), scope, key, fingerprint, ttl, lease, wait, token)
+        cur = psycopg.AsyncClientCursor(conn)
+        try:
+            await cur.execute("BEGIN; " + sql, params)
+            cur.nextset()
+            return claim_from_row(await cur.fetchone())  # type: ignore[arg-type]
+        except psycopg.Error as e:
+            raise translate(e) from e
+
+    async def complete_and_commit(self, conn: psycopg.AsyncConnection, scope: str, key: str, token: UUID,
+                                  status: int, headers: dict[str, Any] | None, body_json: str | None) -> str | None:
+        """idem_complete and `COMMIT` in one round trip. When the completion fails, COMMIT is
+        not run and the transaction stays open (aborted) for the caller's rollback; an error
+        without a SQLSTATE (the connection lost) leaves the commit's outcome unknown."""
+        cur = psycopg.AsyncClientCursor(conn)
+        try:
+            await cur.execute(COMPLETE_AND_COMMIT_SQL, complete_params(scope, key, token, status, body_json, headers))
+            return (await cur.fetchone())[0]  # type: ignore[index]
+        except psycopg.Error as e:
+            raise translate(e) from e
 
     async def checkpoint(self, conn: psycopg.AsyncConnection, scope: str, key: str, token: UUID,
                          recovery_point: str, recovery_data: Any = None, lease: timedelta | None = None) -> datetime:

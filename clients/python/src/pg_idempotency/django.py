@@ -209,10 +209,11 @@ class IdempotencyMiddleware:
 
     def same_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                          policy: RoutePolicy) -> HttpResponse:
+        outermost = not connections[self.alias].in_atomic_block
         try:
             with transaction.atomic(using=self.alias):
                 try:
-                    return self.in_transaction(request, idem_scope, key, fingerprint, policy)
+                    return self.in_transaction(request, idem_scope, key, fingerprint, policy, outermost)
                 except Exception:
                     transaction.set_rollback(True, using=self.alias)
                     raise
@@ -220,7 +221,7 @@ class IdempotencyMiddleware:
             return r.response
 
     def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
-                       policy: RoutePolicy) -> HttpResponse:
+                       policy: RoutePolicy, outermost: bool) -> HttpResponse:
         conn = raw_connection(self.alias)
         claim = self.claim(conn, idem_scope, key, fingerprint, policy)
         if not claim.owned:
@@ -230,8 +231,14 @@ class IdempotencyMiddleware:
         if not policy.stores(response.status_code) or response.streaming:
             raise _RolledBack(response)
         text, stored = http.storable(policy, response.items(), response.content)
-        sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
-                                    headers=stored, body_json=text)
+        if outermost and not connections[self.alias].needs_rollback:
+            # idem_complete and COMMIT in one round trip; the atomic block's own commit then
+            # finds no transaction and sends nothing (its on_commit callbacks still run).
+            sent = self.client.complete_and_commit(conn, idem_scope, key, claim.token,  # type: ignore[arg-type]
+                                                   response.status_code, stored, text)
+        else:  # inside the application's transaction (ATOMIC_REQUESTS): that one commits
+            sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
+                                        headers=stored, body_json=text)
         return with_stored_body(response, stored, sent)
 
     def committed_first(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,

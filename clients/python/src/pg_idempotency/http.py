@@ -171,6 +171,9 @@ def contract_problem(slug: str, retry_after: int = 1) -> Answer:
 # RFC 9110 tchar, ':' and '/' (an sf-token's characters): what a bare (unquoted) key may hold
 # (contract/contract.json, "key_header").
 _BARE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
+# An RFC 8941 sf-string without escapes (printable ASCII but '"' and '\\'), e.g. a quoted UUID:
+# its value is what lies between the quotes; anything else goes to http_sfv's parser.
+_PLAIN_QUOTED = re.compile(rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"')
 
 
 def parse_key(values: Sequence[bytes]) -> str:
@@ -185,7 +188,10 @@ def parse_key(values: Sequence[bytes]) -> str:
     if len(values) > 1:
         raise Refused.contract("idempotency-key-invalid", "the Idempotency-Key header must appear once")
     raw = values[0].strip(b" \t")
-    if raw.startswith(b'"'):
+    plain = _PLAIN_QUOTED.fullmatch(raw)
+    if plain:
+        value = plain.group(1).decode("ascii")
+    elif raw.startswith(b'"'):
         item = http_sfv.Item()
         try:
             item.parse(raw)

@@ -15,8 +15,8 @@ import (
 )
 
 // Round trips to PostgreSQL per request, counted on the wire: the middleware's pool connects
-// through a TCP proxy that reads the protocol and counts the times the client sends while it
-// has no answer pending (every Query and Sync it sent was answered by a ReadyForQuery).
+// through a TCP proxy that reads the protocol and counts the times the client starts sending
+// while it has no answer pending (every Query and Sync it sent was answered by a ReadyForQuery).
 // Messages sent before the earlier ones were answered (pipelined) belong to the same round
 // trip. The proxy can hold round trips back, to show that an answer which writes nothing goes
 // out before its ROLLBACK is done.
@@ -99,7 +99,7 @@ func (p *tripProxy) frontend(client, server net.Conn, pending *atomic.Int64) {
 	defer server.Close()
 	var buf []byte
 	chunk := make([]byte, 16384)
-	started := false
+	started, composing := false, false
 	for {
 		n, err := client.Read(chunk)
 		if err != nil {
@@ -112,20 +112,23 @@ func (p *tripProxy) frontend(client, server net.Conn, pending *atomic.Int64) {
 			if !ok {
 				break
 			}
-			if !started {
+			if !started { // the startup message, answered by a ReadyForQuery too
 				started = true
+				pending.Add(1)
 				ready += size
 				continue
 			}
 			p.mu.Lock()
-			newTrip := pending.Load() == 0 && kind != 'X'
+			newTrip := pending.Load() == 0 && !composing && kind != 'X'
 			if newTrip {
 				p.trips++
 			}
 			held := newTrip && p.holdAfter >= 0 && p.trips > p.holdAfter
 			released := p.released
 			p.mu.Unlock()
-			if kind == 'Q' || kind == 'S' {
+			// Parse, Bind, Describe and Execute wait for their Sync: one trip with it.
+			composing = kind != 'Q' && kind != 'S'
+			if !composing {
 				pending.Add(1)
 			}
 			if held {
@@ -193,7 +196,9 @@ func proxiedPool(t *testing.T) (*pgxpool.Pool, *tripProxy) {
 	}
 	host, port, _ := net.SplitHostPort(proxy.addr)
 	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(p), nil
+	// No TLS (the proxy reads the protocol in clear), hence no SSLRequest and no fallback.
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(testCtx, cfg)
 	if err != nil {

@@ -91,8 +91,15 @@ impl Proxy {
     }
 
     fn pool(&self) -> Pool {
-        let mut pg: tokio_postgres::Config = database_url().parse().unwrap();
-        pg.host("127.0.0.1").port(self.port);
+        let url: tokio_postgres::Config = database_url().parse().unwrap();
+        let mut pg = tokio_postgres::Config::new();
+        pg.host("127.0.0.1").port(self.port).user(url.get_user().unwrap_or("postgres"));
+        if let Some(db) = url.get_dbname() {
+            pg.dbname(db);
+        }
+        if let Some(password) = url.get_password() {
+            pg.password(password);
+        }
         let manager = Manager::from_config(
             pg,
             tokio_postgres::NoTls,
@@ -122,7 +129,7 @@ async fn frontend(
 ) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
-    let mut started = false;
+    let (mut started, mut composing) = (false, false);
     loop {
         let n = match from.read(&mut chunk).await {
             Ok(0) | Err(_) => return,
@@ -135,18 +142,22 @@ async fn frontend(
         while let Some((kind, len)) = next_message(&buf[ready..], started) {
             started = true;
             let Some(kind) = kind else {
+                // The startup message: answered by a ReadyForQuery too.
+                pending.fetch_add(1, Ordering::SeqCst);
                 ready += len;
                 continue;
             };
             let held = {
                 let mut c = count.lock().unwrap();
-                let new_trip = pending.load(Ordering::SeqCst) == 0 && kind != b'X';
+                let new_trip = pending.load(Ordering::SeqCst) == 0 && !composing && kind != b'X';
                 if new_trip {
                     c.trips += 1;
                 }
                 new_trip && c.hold_after.is_some_and(|h| c.trips > h)
             };
-            if kind == b'Q' || kind == b'S' {
+            // Parse, Bind, Describe and Execute wait for their Sync: one trip with it.
+            composing = kind != b'Q' && kind != b'S';
+            if !composing {
                 pending.fetch_add(1, Ordering::SeqCst);
             }
             if held {
@@ -201,11 +212,12 @@ async fn serve(app: Router) -> u16 {
     port
 }
 
-/// The handler: one INSERT on the claim's connection (its transaction); waits while the body
-/// says so, to hold a committed-first claim in progress.
-fn app(layer: IdempotencyLayer, gate: Arc<Notify>) -> Router {
+/// The handler: one INSERT into `table` on the claim's connection (its transaction); waits
+/// while the body says so, to hold a committed-first claim in progress.
+fn app(layer: IdempotencyLayer, gate: Arc<Notify>, table: &'static str) -> Router {
+    let insert = format!("INSERT INTO {table} (key) VALUES ($1)");
     let handler = move |idem: Idem, body: String| {
-        let gate = gate.clone();
+        let (gate, insert) = (gate.clone(), insert.clone());
         async move {
             if body.contains("wait") {
                 gate.notified().await;
@@ -215,10 +227,7 @@ fn app(layer: IdempotencyLayer, gate: Arc<Notify>) -> Router {
                 Err(e) => return e.into_response(),
             };
             let key = idem.key().to_owned();
-            match db
-                .query_typed("INSERT INTO round_trip_items (key) VALUES ($1)", &[(&key, Type::TEXT)])
-                .await
-            {
+            match db.query_typed(&insert, &[(&key, Type::TEXT)]).await {
                 Ok(_) => (StatusCode::CREATED, [("content-type", "application/json")], r#"{"ok": true}"#)
                     .into_response(),
                 Err(e) => pg_idempotency::Error::from(e).into_response(),
@@ -228,9 +237,10 @@ fn app(layer: IdempotencyLayer, gate: Arc<Notify>) -> Router {
     Router::new().route("/items", routing::post(handler).layer(layer))
 }
 
-async fn setup() -> (Proxy, Pool) {
+/// The proxy and a pool through it; `table` is the test's own (tests run in parallel).
+async fn setup(table: &str) -> (Proxy, Pool) {
     let db = db().await;
-    db.batch_execute("CREATE TABLE IF NOT EXISTS round_trip_items (key text)").await.unwrap();
+    db.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} (key text)")).await.unwrap();
     let proxy = Proxy::start().await;
     let pool = proxy.pool();
     (proxy, pool)
@@ -275,9 +285,9 @@ async fn counted(
 
 #[tokio::test]
 async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() {
-    let (proxy, pool) = setup().await;
+    let (proxy, pool) = setup("round_trips_same").await;
     let gate = Arc::new(Notify::new());
-    let port = serve(app(IdempotencyLayer::new(pool.clone()), gate)).await;
+    let port = serve(app(IdempotencyLayer::new(pool.clone()), gate, "round_trips_same")).await;
     // Warm up: the pool's connection and the layer's one-time read of the features.
     let warm = post(port, "/items", "t", Some(&unique("warm")), "{}", &[]).await;
     assert_eq!(warm.status, 201, "{warm:?}");
@@ -299,7 +309,7 @@ async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() 
 
     let rows: i64 = db()
         .await
-        .query_typed_one("SELECT count(*) FROM round_trip_items WHERE key = $1", &[(&key, Type::TEXT)])
+        .query_typed_one("SELECT count(*) FROM round_trips_same WHERE key = $1", &[(&key, Type::TEXT)])
         .await
         .unwrap()
         .get(0);
@@ -308,10 +318,10 @@ async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() 
 
 #[tokio::test]
 async fn committed_first_four_round_trips_and_one_for_a_writeless_answer() {
-    let (proxy, pool) = setup().await;
+    let (proxy, pool) = setup("round_trips_first").await;
     let gate = Arc::new(Notify::new());
     let layer = IdempotencyLayer::new(pool.clone()).committed_first(Duration::from_secs(30));
-    let port = serve(app(layer, gate.clone())).await;
+    let port = serve(app(layer, gate.clone(), "round_trips_first")).await;
     let warm = post(port, "/items", "t", Some(&unique("warm")), "{}", &[]).await;
     assert_eq!(warm.status, 201, "{warm:?}");
 

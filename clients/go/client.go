@@ -106,14 +106,11 @@ FROM idempotency.idem_claim($1::text, $2::text,
 
 // ClaimKey runs idem_claim.
 func ClaimKey(ctx context.Context, db Querier, scope, key string, o ClaimOptions) (*Claim, error) {
-	var (
-		outcome                                string
-		token, headers, body, point, data      *string
-		httpStatus, responseStatus, retryAfter *int32
-		attempts                               *int32
-		expiresAt                              *time.Time
-		lockedUntil                            *time.Time
-	)
+	return scanClaim(db.QueryRow(ctx, claimSQL, append([]any{execMode}, claimArgs(scope, key, o)...)...))
+}
+
+// claimArgs are claimSQL's arguments.
+func claimArgs(scope, key string, o ClaimOptions) []any {
 	var jsonArg, bytesArg any
 	if o.JSON != nil {
 		jsonArg = string(o.JSON)
@@ -125,9 +122,21 @@ func ClaimKey(ctx context.Context, db Querier, scope, key string, o ClaimOptions
 	if len(o.Ignore) > 0 {
 		ignore = o.Ignore
 	}
-	err := db.QueryRow(ctx, claimSQL, execMode, scope, key, nullString(o.Fingerprint), jsonArg, ignore, bytesArg,
-		interval(o.TTL), interval(o.Lease), interval(o.Wait), nullString(o.Token)).Scan(
-		&outcome, &token, &httpStatus, &responseStatus, &headers, &body, &point, &data, &attempts,
+	return []any{scope, key, nullString(o.Fingerprint), jsonArg, ignore, bytesArg,
+		interval(o.TTL), interval(o.Lease), interval(o.Wait), nullString(o.Token)}
+}
+
+// scanClaim reads claimSQL's row.
+func scanClaim(row pgx.Row) (*Claim, error) {
+	var (
+		outcome                                string
+		token, headers, body, point, data      *string
+		httpStatus, responseStatus, retryAfter *int32
+		attempts                               *int32
+		expiresAt                              *time.Time
+		lockedUntil                            *time.Time
+	)
+	err := row.Scan(&outcome, &token, &httpStatus, &responseStatus, &headers, &body, &point, &data, &attempts,
 		&expiresAt, &lockedUntil, &retryAfter)
 	if err != nil {
 		return nil, classify(err)
@@ -164,6 +173,18 @@ func ClaimKey(ctx context.Context, db Querier, scope, key string, o ClaimOptions
 // sends), nil when there is none.
 func Complete(ctx context.Context, db Querier, scope, key, token string, status int, body []byte,
 	headers map[string]string) ([]byte, error) {
+	args, err := completeArgs(scope, key, token, status, body, headers)
+	if err != nil {
+		return nil, err
+	}
+	return scanStored(db.QueryRow(ctx, completeSQL, append([]any{execMode}, args...)...))
+}
+
+const completeSQL = `SELECT $5::text::jsonb::text
+	FROM idempotency.idem_complete($1::text, $2::text, $3::uuid, $4::int, $5::text::jsonb, $6::text::jsonb)`
+
+// completeArgs are completeSQL's arguments.
+func completeArgs(scope, key, token string, status int, body []byte, headers map[string]string) ([]any, error) {
 	var bodyArg, headersArg any
 	if body != nil {
 		bodyArg = string(body)
@@ -175,11 +196,13 @@ func Complete(ctx context.Context, db Querier, scope, key, token string, status 
 		}
 		headersArg = string(h)
 	}
+	return []any{scope, key, token, status, bodyArg, headersArg}, nil
+}
+
+// scanStored reads completeSQL's row: the stored body as jsonb prints it, nil when none.
+func scanStored(row pgx.Row) ([]byte, error) {
 	var stored *string
-	err := db.QueryRow(ctx, `SELECT $5::text::jsonb::text
-		FROM idempotency.idem_complete($1::text, $2::text, $3::uuid, $4::int, $5::text::jsonb, $6::text::jsonb)`,
-		execMode, scope, key, token, status, bodyArg, headersArg).Scan(&stored)
-	if err != nil {
+	if err := row.Scan(&stored); err != nil {
 		return nil, classify(err)
 	}
 	if stored == nil {

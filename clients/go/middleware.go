@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -394,24 +395,37 @@ func newHandle(req request, c *Claim) *Handle {
 
 func (m *Middleware) sameTransaction(ctx context.Context, p Policy, req request, next http.Handler,
 	w http.ResponseWriter, r *http.Request) {
-	beginCtx, cancel := context.WithTimeout(ctx, m.opts.PoolTimeout)
-	// One round trip: BEGIN and the lock_timeout (simple protocol, as PgBouncer carries it).
-	tx, err := m.pool.BeginTx(beginCtx, pgx.TxOptions{
-		BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = '%dms'", p.LockTimeout.Milliseconds())})
+	acquireCtx, cancel := context.WithTimeout(ctx, m.opts.PoolTimeout)
+	conn, err := m.pool.Acquire(acquireCtx)
 	cancel()
 	if err != nil {
 		m.fail(w, "begin", classify(err))
 		return
 	}
-	defer func() { _ = tx.Rollback(ctx) }() // nothing after COMMIT
-	c, err := ClaimKey(ctx, tx, req.scope, req.key, req.claimOpts)
-	if err != nil {
-		m.fail(w, "claim", err)
-		return
-	}
-	if !c.Outcome.Owned() {
-		_ = tx.Rollback(ctx)
-		m.answerWithoutWork(w, c)
+	// BEGIN, the lock_timeout and the claim in one round trip: one batch, one Sync. Releasing
+	// a connection still in a transaction closes it (the server rolls back); every path ends
+	// the transaction first.
+	var c *Claim
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", p.LockTimeout.Milliseconds()))
+	b.Queue(claimSQL, claimArgs(req.scope, req.key, req.claimOpts)...).QueryRow(func(row pgx.Row) (err error) {
+		c, err = scanClaim(row)
+		return err
+	})
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil || !c.Outcome.Owned() {
+		// The claim wrote nothing: the answer goes out now, the ROLLBACK after it.
+		go func() {
+			_ = tx.Rollback(ctx)
+			conn.Release()
+		}()
+		if err != nil {
+			m.fail(w, "claim", classify(err))
+		} else {
+			m.answerWithoutWork(w, c)
+		}
 		return
 	}
 	h := newHandle(req, c)
@@ -419,19 +433,58 @@ func (m *Middleware) sameTransaction(ctx context.Context, p Policy, req request,
 	a := m.runHandler(next, r.WithContext(context.WithValue(ctx, handleKey{}, h)))
 	if h.decide(p, a.status) != store {
 		_ = tx.Rollback(ctx)
+		conn.Release()
 		send(w, a.status, a.header, a.body.Bytes())
 		return
 	}
 	body, stored := toStore(a.header, a.body.Bytes(), p.ReplayHeaders)
-	storedBody, err := Complete(ctx, tx, req.scope, req.key, c.Token, a.status, body, stored)
-	if err == nil {
-		err = tx.Commit(ctx)
-	}
+	storedBody, err := completeAndCommit(ctx, conn, tx, req, c.Token, a.status, body, stored)
 	if err != nil {
 		m.failAfterWork(w, "complete", err)
 		return
 	}
 	m.sendStored(w, a, stored, storedBody)
+}
+
+// completeAndCommit sends idem_complete and COMMIT in one round trip (one batch, one Sync)
+// and gives the connection back. A failed idem_complete makes the server skip the COMMIT: the
+// transaction is rolled back and the complete's error returned, as with two trips. An error of
+// the COMMIT itself (or a connection lost after the complete was sent) leaves the outcome
+// unknown and is returned as such, never as a success.
+func completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, req request, token string, status int,
+	body []byte, headers map[string]string) ([]byte, error) {
+	defer conn.Release()
+	args, err := completeArgs(req.scope, req.key, token, status, body, headers)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	var (
+		storedBody  []byte
+		completeErr error
+		answered    bool
+	)
+	b := &pgx.Batch{}
+	b.Queue(completeSQL, args...).QueryRow(func(row pgx.Row) error {
+		storedBody, completeErr = scanStored(row)
+		answered = true
+		return completeErr
+	})
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
+	err = conn.SendBatch(ctx, b).Close()
+	if answered && completeErr != nil {
+		_ = tx.Rollback(ctx)
+		return nil, classify(completeErr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: COMMIT after idem_complete, outcome unknown: %w", classify(err))
+	}
+	return storedBody, nil
 }
 
 // sendStored sends the handler's answer with the body as it was stored, so the first answer

@@ -120,7 +120,7 @@ DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres" run_tests direct
 
 echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
 if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then
-    DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" run_tests pgbouncer -run 'TestClient|TestHTTP|TestDemo'
+    DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" run_tests pgbouncer -run 'TestClient|TestHTTP|TestDemo|TestRoundTrips'
     admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
     mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')
     xacts=$(admin "SHOW STATS" | awk '$1 == "postgres" { print $2 }')

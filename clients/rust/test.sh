@@ -70,7 +70,7 @@ run_tests direct --features reqwest -- --test-threads 4
 echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
 if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then
     DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" \
-        run_tests pgbouncer --test client --test http --test layer -- --test-threads 4
+        run_tests pgbouncer --test client --test http --test layer --test round_trips -- --test-threads 4
     # Proof that the run went through pgbouncer in transaction mode (its admin console).
     admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
     mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')

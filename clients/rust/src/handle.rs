@@ -19,6 +19,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use deadpool_postgres::{Object, Pool};
+use futures_util::future::join;
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use uuid::Uuid;
@@ -131,7 +132,6 @@ impl Idem {
                 return Err(Error::Unsupported("Idem::db after the handler finished"));
             }
             let conn = s.pool.get().await?;
-            conn.batch_execute("BEGIN").await?;
             s.tx_begun.store(true, Ordering::SeqCst);
             // No renewal from now on: the fencing checkpoint below holds the record's row lock
             // until COMMIT, a renewal would only wait for it.
@@ -140,8 +140,15 @@ impl Idem {
             let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
             *guard = Some(conn);
             let db = guard.as_ref().expect("just set");
-            client::checkpoint(&***db, &s.scope, &s.key, s.token, &point, data.as_ref(), Some(s.lease))
-                .await?;
+            // BEGIN and the fencing checkpoint in one round trip (pipelined: both are sent
+            // before either answer is read).
+            let (begun, fenced) = join(
+                db.batch_execute("BEGIN"),
+                client::checkpoint(&***db, &s.scope, &s.key, s.token, &point, data.as_ref(), Some(s.lease)),
+            )
+            .await;
+            begun?;
+            fenced?;
         }
         Ok(Db(guard))
     }

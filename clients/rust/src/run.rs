@@ -11,6 +11,7 @@ use axum::extract::Request;
 use axum::http::request::Parts;
 use axum::response::Response;
 use deadpool_postgres::Object;
+use futures_util::future::join;
 use serde_json::Value;
 use tokio::sync::Mutex;
 use tower_service::Service;
@@ -19,8 +20,8 @@ use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
 use crate::error::Error;
 use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
 use crate::response::{
-    body_bytes, from_stored, in_progress, to_stored, EXPIRED, INTERNAL_ERROR, REUSED, SERVICE_UNAVAILABLE,
-    SUPERSEDED,
+    body_bytes, from_stored, in_progress, to_stored, Stored, EXPIRED, INTERNAL_ERROR, REUSED,
+    SERVICE_UNAVAILABLE, SUPERSEDED,
 };
 use crate::settings::{Mode, OnServerError, Settings};
 
@@ -152,13 +153,32 @@ where
 struct InTransaction(Option<Object>);
 
 impl InTransaction {
-    async fn end(mut self, commit: bool) -> Result<(), Error> {
-        let conn = self.0.as_ref().expect("open");
-        let result = conn.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }).await;
+    fn conn(&self) -> &tokio_postgres::Client {
+        self.0.as_ref().expect("open")
+    }
+
+    async fn end(self, commit: bool) -> Result<(), Error> {
+        let result = self.conn().batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }).await;
+        self.ended(result)
+    }
+
+    /// The answer to the COMMIT or ROLLBACK that ended the transaction: when it came, the
+    /// connection goes back to the pool, outside any transaction.
+    fn ended(mut self, result: Result<(), tokio_postgres::Error>) -> Result<(), Error> {
         if result.is_ok() {
-            self.0.take(); // back to the pool, outside any transaction
+            self.0.take();
         }
         result.map_err(Error::from)
+    }
+
+    /// ROLLBACK in a task of its own: the caller answers at once (the claim wrote nothing), the
+    /// connection goes back to the pool when the ROLLBACK is answered.
+    fn roll_back_later(self) {
+        tokio::spawn(async move {
+            if let Err(e) = self.end(false).await {
+                log::warn!("pg-idempotency: ROLLBACK after an answer without work: {e}");
+            }
+        });
     }
 }
 
@@ -181,24 +201,28 @@ where
         Err(e) => return error_response("pool", &Error::from(e)),
     };
     let begin = format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", r.cfg.lock_timeout.as_millis());
-    if let Err(e) = conn.batch_execute(&begin).await {
-        return error_response("BEGIN", &Error::from(e));
-    }
     let tx = InTransaction(Some(conn));
-    // A duplicate of a request whose transaction is still open waits here (the unique index),
-    // then answers `replay` (it committed) or `claimed` (it rolled back).
+    // BEGIN and the claim in one round trip: tokio-postgres sends a request when its future is
+    // first polled, and `join` polls the BEGIN first, then the claim, before waiting on either.
+    // A duplicate of a request whose transaction is still open waits in the claim (the unique
+    // index), then answers `replay` (it committed) or `claimed` (it rolled back).
     let token = uuid::Uuid::new_v4();
-    let claim = match r.claim(tx.0.as_ref().expect("open"), None, token).await {
-        Ok(c) => c,
-        Err(e) => {
+    let (begun, claimed) = join(tx.conn().batch_execute(&begin), r.claim(tx.conn(), None, token)).await;
+    let claim = match (begun, claimed) {
+        (Ok(()), Ok(c)) => c,
+        (Err(e), _) => {
+            let _ = tx.end(false).await;
+            return error_response("BEGIN", &Error::from(e));
+        }
+        (Ok(()), Err(e)) => {
             let _ = tx.end(false).await;
             return error_response("idem_claim", &e);
         }
     };
     if !claim.outcome.owns() {
-        let answer = answer_without_work(&claim);
-        let _ = tx.end(false).await; // the claim wrote nothing
-        return answer;
+        // The claim wrote nothing: the answer goes out now, the ROLLBACK after it.
+        tx.roll_back_later();
+        return answer_without_work(&claim);
     }
     let mut tx = tx;
     let shared = r.shared(&claim, tx.0.take());
@@ -208,11 +232,8 @@ where
     };
     let tx = InTransaction(Some(conn));
     match r.disposition(&response) {
-        Disposition::Store => match store(&r, &shared, tx.0.as_ref().expect("open"), response).await {
-            Ok(answer) => match tx.end(true).await {
-                Ok(()) => answer,
-                Err(e) => error_after_work("COMMIT", &e),
-            },
+        Disposition::Store => match stored_form(&r, response).await {
+            Ok(stored) => complete_and_commit(&shared, tx, &stored).await,
             Err(answer) => {
                 let _ = tx.end(false).await;
                 answer
@@ -225,27 +246,26 @@ where
     }
 }
 
-/// `idem_complete` of the handler's response on `db`; the answer to send (the stored bytes).
-/// An error answer when it cannot be stored (the caller rolls back or releases).
-async fn store(
-    r: &Claiming<'_>,
-    shared: &Shared,
-    db: &tokio_postgres::Client,
-    response: Response,
-) -> Result<Response, Response> {
+/// The stored form of the handler's response, or the error answer when it cannot be stored
+/// (the caller rolls back or releases).
+async fn stored_form(r: &Claiming<'_>, response: Response) -> Result<Stored, Response> {
     let (parts, body) = response.into_parts();
     let bytes = to_bytes(body, usize::MAX).await.map_err(|e| {
         log::error!("pg-idempotency: reading the handler's response: {e}");
         INTERNAL_ERROR.response(1)
     })?;
-    let stored = match to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers) {
-        Ok(s) => s,
-        Err(why) => {
-            log::error!("pg-idempotency: the response cannot be stored ({}); claim released", why.0);
-            return Err(INTERNAL_ERROR.response(1));
-        }
-    };
-    let done = client::complete(
+    to_stored(parts.status, &parts.headers, &bytes, &r.cfg.replay_headers).map_err(|why| {
+        log::error!("pg-idempotency: the response cannot be stored ({}); claim released", why.0);
+        INTERNAL_ERROR.response(1)
+    })
+}
+
+async fn complete(
+    db: &tokio_postgres::Client,
+    shared: &Shared,
+    stored: &Stored,
+) -> Result<Option<String>, Error> {
+    client::complete(
         db,
         &shared.scope,
         &shared.key,
@@ -254,7 +274,15 @@ async fn store(
         stored.body.as_ref(),
         Some(&stored.headers),
     )
-    .await;
+    .await
+}
+
+/// The answer to send after `idem_complete`: the stored bytes, or an error answer.
+fn completed(
+    shared: &Shared,
+    stored: &Stored,
+    done: Result<Option<String>, Error>,
+) -> Result<Response, Response> {
     match done {
         Ok(text) => {
             let body = body_bytes(&stored.headers, stored.body.as_ref(), text.as_deref());
@@ -269,6 +297,20 @@ async fn store(
             Err(SUPERSEDED.response(1))
         }
         Err(e) => Err(error_after_work("idem_complete", &e)),
+    }
+}
+
+/// `idem_complete` and `COMMIT` in one round trip (pipelined as BEGIN and the claim are). A
+/// failed `idem_complete` aborts the transaction and the COMMIT then rolls it back, so the
+/// answers stay what they were with two trips: the complete's error as before; a COMMIT
+/// without an answer is an error after the work (outcome unknown), never a success.
+async fn complete_and_commit(shared: &Shared, tx: InTransaction, stored: &Stored) -> Response {
+    let (done, commit) = join(complete(tx.conn(), shared, stored), tx.conn().batch_execute("COMMIT")).await;
+    let committed = tx.ended(commit);
+    match (completed(shared, stored, done), committed) {
+        (Ok(answer), Ok(())) => answer,
+        (Ok(_), Err(e)) => error_after_work("COMMIT", &e),
+        (Err(answer), _) => answer,
     }
 }
 
@@ -317,25 +359,22 @@ where
     let tx = shared.conn.lock().await.take().map(|c| InTransaction(Some(c)));
     match r.disposition(&response) {
         Disposition::Store => {
-            let answer = match &tx {
-                Some(tx) => store(&r, &shared, tx.0.as_ref().expect("open"), response).await,
-                None => match r.cfg.pool.get().await {
-                    Ok(conn) => store(&r, &shared, &conn, response).await,
-                    Err(e) => Err(error_after_work("pool", &Error::from(e))),
-                },
-            };
-            match (answer, tx) {
-                (Ok(answer), Some(tx)) => match tx.end(true).await {
-                    Ok(()) => answer,
-                    Err(e) => error_after_work("COMMIT", &e),
-                },
-                (Ok(answer), None) => answer,
-                (Err(answer), tx) => {
+            let stored = match stored_form(&r, response).await {
+                Ok(s) => s,
+                Err(answer) => {
                     if let Some(tx) = tx {
                         let _ = tx.end(false).await;
                     }
-                    answer
+                    return answer;
                 }
+            };
+            match tx {
+                Some(tx) => complete_and_commit(&shared, tx, &stored).await,
+                None => match r.cfg.pool.get().await {
+                    Ok(conn) => completed(&shared, &stored, complete(&conn, &shared, &stored).await)
+                        .unwrap_or_else(|answer| answer),
+                    Err(e) => error_after_work("pool", &Error::from(e)),
+                },
             }
         }
         Disposition::Release => {

@@ -102,6 +102,28 @@ public final class IdempotencyClient {
                 rs -> rs.getString(1));
     }
 
+    /**
+     * {@code idem_complete} and then {@code COMMIT}, in one round trip: pgjdbc sends the two
+     * statements of one prepared statement with a single Sync. Autocommit must be off. When
+     * {@code idem_complete} fails the server skips the COMMIT and the exception is the one
+     * {@link #complete} throws; the transaction is left for the caller to roll back. When the COMMIT
+     * fails (or its answer is lost) the exception is the COMMIT's: the outcome is unknown.
+     */
+    public String completeAndCommit(Connection db, String scope, String key, UUID token, int status, String bodyJson,
+            String headersJson) throws SQLException {
+        String sql = "SELECT ?::jsonb::text FROM idempotency.idem_complete(?, ?, ?::uuid, ?, ?::jsonb, ?::jsonb); COMMIT";
+        try (PreparedStatement st = db.prepareStatement(sql)) {
+            bind(st, List.of(nullable(bodyJson), nullable(scope), nullable(key), nullable(uuid(token)), status,
+                    nullable(bodyJson), nullable(headersJson)));
+            st.execute();
+            try (ResultSet rs = st.getResultSet()) {
+                return rs.next() ? rs.getString(1) : null;
+            }
+        } catch (SQLException e) {
+            throw IdempotencyException.of(e);
+        }
+    }
+
     /** {@code idem_checkpoint}: records progress and renews the lease; returns the new locked_until. */
     public OffsetDateTime checkpoint(Connection db, String scope, String key, UUID token, String recoveryPoint,
             String recoveryDataJson, Duration lease) throws SQLException {
@@ -204,25 +226,29 @@ public final class IdempotencyClient {
     /** Runs one statement; the first row read by {@code row}, or null when there is none. */
     private static <T> T query(Connection db, String sql, List<Object> params, Row<T> row) throws SQLException {
         try (PreparedStatement st = db.prepareStatement(sql)) {
-            for (int i = 0; i < params.size(); i++) {
-                Object p = params.get(i);
-                if (p == Null.VARCHAR) {
-                    st.setNull(i + 1, Types.VARCHAR);
-                } else if (p == Null.TEXT_ARRAY) {
-                    st.setNull(i + 1, Types.ARRAY);
-                } else if (p instanceof Array a) {
-                    st.setArray(i + 1, a);
-                } else if (p instanceof Integer n) {
-                    st.setInt(i + 1, n);
-                } else {
-                    st.setString(i + 1, p.toString());
-                }
-            }
+            bind(st, params);
             try (ResultSet rs = st.executeQuery()) {
                 return rs.next() ? row.read(rs) : null;
             }
         } catch (SQLException e) {
             throw IdempotencyException.of(e);
+        }
+    }
+
+    private static void bind(PreparedStatement st, List<Object> params) throws SQLException {
+        for (int i = 0; i < params.size(); i++) {
+            Object p = params.get(i);
+            if (p == Null.VARCHAR) {
+                st.setNull(i + 1, Types.VARCHAR);
+            } else if (p == Null.TEXT_ARRAY) {
+                st.setNull(i + 1, Types.ARRAY);
+            } else if (p instanceof Array a) {
+                st.setArray(i + 1, a);
+            } else if (p instanceof Integer n) {
+                st.setInt(i + 1, n);
+            } else {
+                st.setString(i + 1, p.toString());
+            }
         }
     }
 }

@@ -210,7 +210,12 @@ public final class IdempotencyFilter implements Filter {
 
     // ---- same transaction ---------------------------------------------------------------
 
-    /** Returns the answer to send, or null when the captured response was sent. */
+    /**
+     * Returns the answer to send, or null when the response was sent. Round trips: pgjdbc sends
+     * BEGIN together with the claim (autocommit off: BEGIN is queued in front of the first statement,
+     * one Sync for both), idem_complete goes with COMMIT ({@link IdempotencyClient#completeAndCommit}),
+     * and an answer without work is sent before its ROLLBACK.
+     */
     private HttpAnswer sameTransaction(Request r) throws SQLException, IOException {
         try (Connection db = dataSource.getConnection()) {
             db.setAutoCommit(false);
@@ -221,9 +226,9 @@ public final class IdempotencyFilter implements Filter {
                     c = client.claim(db, r.scope(), r.key(),
                             ClaimOptions.NONE.withFingerprint(r.fingerprint()).withTtl(r.o().ttl()));
                     if (!c.outcome().owns()) {
-                        db.rollback();
-                        open = false;
-                        return answerWithoutWork(c);
+                        // The claim wrote nothing: the answer goes out first, the ROLLBACK (below) after it.
+                        send(r.res(), answerWithoutWork(c));
+                        return null;
                     }
                 }
                 Ran ran;
@@ -249,9 +254,12 @@ public final class IdempotencyFilter implements Filter {
                     sendCaptured(r.res(), ran.response(), ran.response().body());
                     return null;
                 }
-                byte[] toSend = complete(db, r, c.token(), ran.response());
-                db.commit();
+                StoredResponse.ToStore s = StoredResponse.toStore(ran.response().headerLines(), ran.response().body(),
+                        r.o().replayHeaders());
+                String stored = client.completeAndCommit(db, r.scope(), r.key(), c.token(), ran.response().getStatus(),
+                        s.bodyJson(), s.headersJson());
                 open = false;
+                byte[] toSend = StoredResponse.bodyToSend(s.headersJson(), stored);
                 sendCaptured(r.res(), ran.response(), toSend);
                 return null;
             } finally {

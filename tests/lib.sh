@@ -174,6 +174,7 @@ java-apps     20412  21412  8      clients/java demo servers
 python-apps   20420  21420  12     clients/python demo servers (IDEM_PY_HTTP_PORT)
 sending       20440  21440  16     tests/sending (sender and receiver PostgreSQL, receiver app, fault proxy, ...)
 send-bench    20460  21460  4      bench/send.sh (PostgreSQL, receiver, ...)
+http-bench    20470  21470  9      bench/http.sh (PostgreSQL +0, two apps per framework +1..+8)
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
 # on the machine can hold one. IDEM_TEST_SLOT=N (1-8) moves every port up by N * 1300 and

@@ -11,16 +11,18 @@
 # Each round runs every framework's three scenarios, their order turning from round to round;
 # medians over the rounds are reported, and the ratios against plain.
 #
-#   bench/http.sh [--frameworks "fastapi express axum"] [--duration S] [--connections C]
-#                 [--threads T] [--rounds R] [--pool N] [--keys N] [--out DIR] [--smoke]
+#   bench/http.sh [--frameworks "fastapi express axum go"] [--duration S] [--connections C]
+#                 [--threads T] [--rounds R] [--pool N] [--keys N] [--conf LINE] [--out DIR] [--smoke]
 #
 #   --frameworks LIST  of fastapi (uvicorn, one process), express (Node, one process), axum
-#                      (release build); default all three
+#                      (release build), go (net/http); default all four
 #   --duration S       seconds per wrk run (default 10), after a warm-up of each app
 #   --connections C    wrk's connections (default 32), --threads T its threads (default 2)
 #   --rounds R         rounds of alternation (default 3)
 #   --pool N           each app's connection pool (default 16)
 #   --keys N           keys of the replay scenario (default 64)
+#   --conf LINE        an extra postgresql.conf line, e.g. --conf 'fsync = on' (repeatable; the
+#                      cluster is tests/lib.sh's, with fsync off)
 #   --smoke            what CI runs (bench-smoke): a second of each with 2 connections, one
 #                      round; checks the script and the apps, not the speed
 #
@@ -30,7 +32,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-FRAMEWORKS="fastapi express axum"
+FRAMEWORKS="fastapi express axum go"
 DURATION=10
 CONNECTIONS=32
 THREADS=2
@@ -40,6 +42,7 @@ KEYS=64
 WARMUP=3
 SMOKE=false
 OUT=""
+CONF=()
 while [ $# -gt 0 ]; do
     case $1 in
         --frameworks) FRAMEWORKS=$2; shift 2 ;;
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS=$2; shift 2 ;;
         --pool) POOL=$2; shift 2 ;;
         --keys) KEYS=$2; shift 2 ;;
+        --conf) CONF+=("$2"); shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --smoke) SMOKE=true; DURATION=1; CONNECTIONS=2; THREADS=1; ROUNDS=1; POOL=2; KEYS=4; WARMUP=0; shift ;;
         *) echo "bench/http.sh: unknown argument $1" >&2; exit 2 ;;
@@ -58,7 +62,7 @@ for n in "$DURATION" "$CONNECTIONS" "$THREADS" "$ROUNDS" "$POOL" "$KEYS"; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "bench/http.sh: '$n' is not a positive whole number" >&2; exit 2; }
 done
 for fw in $FRAMEWORKS; do
-    [[ " fastapi express axum " == *" $fw "* ]] || { echo "bench/http.sh: no framework '$fw' (known: fastapi express axum)" >&2; exit 2; }
+    [[ " fastapi express axum go " == *" $fw "* ]] || { echo "bench/http.sh: no framework '$fw' (known: fastapi express axum go)" >&2; exit 2; }
 done
 OUT=${OUT:-$BENCH/results/http-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
@@ -83,6 +87,8 @@ build_app() { # build_app FRAMEWORK
             (cd "$BENCH/http/express" && npm ci --install-links --no-audit --no-fund --loglevel=error >/dev/null) ;;
         axum)
             (cd "$BENCH/http/axum" && cargo build --release --quiet) ;;
+        go)
+            (cd "$BENCH/http/go" && go build -o target/bench-http-go .) ;;
     esac
 }
 
@@ -100,6 +106,9 @@ start_app() {
         axum)
             MIDDLEWARE=$mw POOL_SIZE=$POOL DATABASE_URL=$url LISTEN_ADDR=127.0.0.1:$port \
                 "$BENCH/http/axum/target/release/bench-http-axum" >"$log" 2>&1 & ;;
+        go)
+            MIDDLEWARE=$mw POOL_SIZE=$POOL DATABASE_URL=$url LISTEN_ADDR=127.0.0.1:$port \
+                "$BENCH/http/go/target/bench-http-go" >"$log" 2>&1 & ;;
     esac
     PIDS+=($!)
 }
@@ -131,7 +140,7 @@ cleanup() {
 trap cleanup EXIT
 
 for fw in $FRAMEWORKS; do build_app "$fw"; done
-cluster_fresh "$CDIR" "$PORT" "$LISTEN_TCP" "max_connections = 200"
+cluster_fresh "$CDIR" "$PORT" "$LISTEN_TCP" "max_connections = 200" "${CONF[@]}"
 mkdir -p "$OUT/logs"
 DB=postgres machine_info | tee "$OUT/machine.txt"
 echo "wrk:         $(wrk -v 2>&1 | head -1), -t$THREADS -c$CONNECTIONS -d${DURATION}s; apps' pool $POOL; rounds $ROUNDS; replay keys $KEYS" | tee -a "$OUT/machine.txt"

@@ -111,6 +111,7 @@ start_app() {
                 "$BENCH/http/go/target/bench-http-go" >"$log" 2>&1 & ;;
     esac
     PIDS+=($!)
+    APP_PID[$fw-$mw]=$!
 }
 
 wait_port() { # wait_port PORT: up to 30 s
@@ -130,6 +131,7 @@ post() {
 }
 
 PIDS=()
+declare -A APP_PID
 cleanup() {
     local pid
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -185,6 +187,19 @@ run_wrk() {
         awk -F'\t' '$1 == "RESULT" { $1 = ""; print substr($0, 2) }'
 }
 rows_of() { DB=bench_http_$1 q -c "SELECT count(*) FROM charges"; }
+# cpu_ticks PID...: user + system CPU time of these processes (all their threads), in clock ticks
+cpu_ticks() {
+    local pid total=0
+    for pid in "$@"; do
+        [ -r "/proc/$pid/stat" ] || continue
+        # after the command's ") ", utime and stime are the 12th and 13th fields
+        total=$((total + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')))
+    done
+    echo "$total"
+}
+# The cluster's server processes (the apps' pooled connections live through a run).
+server_pids() { pgrep -P "$(head -1 "$CDIR/data/postmaster.pid")" || true; }
+TICK_MS=$((1000 / $(getconf CLK_TCK)))
 
 if [ "$WARMUP" -gt 0 ]; then
     for fw in $FRAMEWORKS; do
@@ -196,7 +211,7 @@ fi
 
 SCENARIOS=(plain fresh replay)
 bad=0
-printf 'round\tframework\tscenario\trequests\tseconds\trps\tp50_ms\tp99_ms\tnon2xx\tsocket_errors\trows_added\n' >"$OUT/runs.tsv"
+printf 'round\tframework\tscenario\trequests\tseconds\trps\tp50_ms\tp99_ms\tnon2xx\tsocket_errors\trows_added\tapp_cpu_ms_per_request\tdb_cpu_ms_per_request\n' >"$OUT/runs.tsv"
 for round in $(seq "$ROUNDS"); do
     for fw in $FRAMEWORKS; do
         for j in 0 1 2; do
@@ -205,11 +220,16 @@ for round in $(seq "$ROUNDS"); do
             [ "$scenario" = plain ] && port=${PLAIN_PORT[$fw]}
             sleep 0.5 # the requests in flight when the last run stopped finish first
             before=$(rows_of "$fw")
+            app=${APP_PID[$fw-on]}
+            [ "$scenario" = plain ] && app=${APP_PID[$fw-off]}
+            mapfile -t servers < <(server_pids)
+            app_cpu=$(cpu_ticks "$app") db_cpu=$(cpu_ticks "${servers[@]}")
             read -r requests duration_us non2xx sockerr p50_us p99_us < <(run_wrk "$port" "$DURATION" "$scenario" "r$round-$scenario")
+            app_cpu=$(($(cpu_ticks "$app") - app_cpu)) db_cpu=$(($(cpu_ticks "${servers[@]}") - db_cpu))
             added=$(($(rows_of "$fw") - before))
             line=$(awk -v r="$round" -v f="$fw" -v s="$scenario" -v n="$requests" -v d="$duration_us" -v p5="$p50_us" \
-                -v p9="$p99_us" -v x="$non2xx" -v e="$sockerr" -v a="$added" \
-                'BEGIN { printf "%s\t%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%d", r, f, s, n, d / 1e6, n / (d / 1e6), p5 / 1000, p9 / 1000, x, e, a }')
+                -v p9="$p99_us" -v x="$non2xx" -v e="$sockerr" -v a="$added" -v ac="$((app_cpu * TICK_MS))" -v dc="$((db_cpu * TICK_MS))" \
+                'BEGIN { printf "%s\t%s\t%s\t%d\t%.2f\t%.0f\t%.2f\t%.2f\t%d\t%d\t%d\t%.3f\t%.3f", r, f, s, n, d / 1e6, n / (d / 1e6), p5 / 1000, p9 / 1000, x, e, a, ac / (n ? n : 1), dc / (n ? n : 1) }')
             echo "$line" >>"$OUT/runs.tsv"
             echo "$line"
             if [ "$scenario" = replay ]; then want_low=0 want_high=0; else want_low=$requests want_high=$((requests + CONNECTIONS)); fi
@@ -226,24 +246,38 @@ done
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 smoke, bad = sys.argv[2] == "true", int(sys.argv[3])
-med = {}
-for fw in dict.fromkeys(r["framework"] for r in rows):
-    for s in ("plain", "fresh", "replay"):
-        runs = [r for r in rows if r["framework"] == fw and r["scenario"] == s]
-        med[fw, s] = {k: statistics.median(float(r[k]) for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
+run = {(r["framework"], r["scenario"], r["round"]): r for r in rows}
+rounds = sorted({r["round"] for r in rows}, key=int)
+
+
+def median(fw, s, field):
+    return statistics.median(float(run[fw, s, n][field]) for n in rounds)
+
+
+def ratio(fw, s, field):
+    """The median of the per-round ratios against plain (a round's runs lie close in time), and their range."""
+    per_round = sorted(float(run[fw, s, n][field]) / float(run[fw, "plain", n][field]) for n in rounds)
+    spread = f" ({per_round[0]:.2f}-{per_round[-1]:.2f})" if len(per_round) > 1 else ""
+    return f"{statistics.median(per_round):.2f}x{spread}"
+
+
 print("# bench/http.sh: an endpoint with the middleware against without it\n")
 if smoke:
     print("**A smoke run: the figures mean nothing.**\n")
 if bad:
     print(f"**{bad} runs failed their checks (non-2xx answers, socket errors or rows added): see runs.tsv.**\n")
-print("Medians over the rounds (runs.tsv has each run). Goals (issue 24): fresh >= 0.6x plain req/s and p50 <= 1.6x; replay >= 1.0x req/s.\n")
-print("| framework | scenario | req/s | p50 ms | p99 ms | req/s vs plain | p50 vs plain |")
-print("|---|---|---:|---:|---:|---:|---:|")
-for (fw, s), m in med.items():
-    p = med[fw, "plain"]
-    ratio = "" if s == "plain" else f"{m['rps'] / p['rps']:.2f}x"
-    p50 = "" if s == "plain" else f"{m['p50_ms'] / p['p50_ms']:.2f}x"
-    print(f"| {fw} | {s} | {m['rps']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {ratio} | {p50} |")
+print(f"Medians over {len(rounds)} rounds (runs.tsv has each run); the ratios are the median of each round's "
+      "ratio against plain, their range in brackets. CPU per request: the app's process, and the "
+      "database's server processes. Goals (issue 24): fresh >= 0.6x plain req/s and p50 <= 1.6x; "
+      "replay >= 1.0x req/s.\n")
+print("| framework | scenario | req/s | p50 ms | p99 ms | req/s vs plain | p50 vs plain | app CPU ms/req | db CPU ms/req |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+for fw in dict.fromkeys(r["framework"] for r in rows):
+    for s in ("plain", "fresh", "replay"):
+        vs = ("", "") if s == "plain" else (ratio(fw, s, "rps"), ratio(fw, s, "p50_ms"))
+        print(f"| {fw} | {s} | {median(fw, s, 'rps'):.0f} | {median(fw, s, 'p50_ms'):.2f} | {median(fw, s, 'p99_ms'):.2f} "
+              f"| {vs[0]} | {vs[1]} | {median(fw, s, 'app_cpu_ms_per_request'):.3f} "
+              f"| {median(fw, s, 'db_cpu_ms_per_request'):.3f} |")
 EOF
 cat "$OUT/summary.md"
 echo "results: $OUT"

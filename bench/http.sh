@@ -243,7 +243,10 @@ done
 
 # Medians over the rounds, and the ratios against plain.
 "$PY" - "$OUT/runs.tsv" "$SMOKE" "$bad" >"$OUT/summary.md" <<'EOF'
-import csv, statistics, sys
+import csv
+import statistics
+import sys
+
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 smoke, bad = sys.argv[2] == "true", int(sys.argv[3])
 run = {(r["framework"], r["scenario"], r["round"]): r for r in rows}
@@ -270,12 +273,14 @@ print(f"Medians over {len(rounds)} rounds (runs.tsv has each run); the ratios ar
       "ratio against plain, their range in brackets. CPU per request: the app's process, and the "
       "database's server processes. Goals (issue 24): fresh >= 0.6x plain req/s and p50 <= 1.6x; "
       "replay >= 1.0x req/s.\n")
-print("| framework | scenario | req/s | p50 ms | p99 ms | req/s vs plain | p50 vs plain | app CPU ms/req | db CPU ms/req |")
+print("| framework | scenario | req/s | p50 ms | p99 ms | req/s vs plain | p50 vs plain "
+      "| app CPU ms/req | db CPU ms/req |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for fw in dict.fromkeys(r["framework"] for r in rows):
     for s in ("plain", "fresh", "replay"):
         vs = ("", "") if s == "plain" else (ratio(fw, s, "rps"), ratio(fw, s, "p50_ms"))
-        print(f"| {fw} | {s} | {median(fw, s, 'rps'):.0f} | {median(fw, s, 'p50_ms'):.2f} | {median(fw, s, 'p99_ms'):.2f} "
+        print(f"| {fw} | {s} | {median(fw, s, 'rps'):.0f} | {median(fw, s, 'p50_ms'):.2f} "
+              f"| {median(fw, s, 'p99_ms'):.2f} "
               f"| {vs[0]} | {vs[1]} | {median(fw, s, 'app_cpu_ms_per_request'):.3f} "
               f"| {median(fw, s, 'db_cpu_ms_per_request'):.3f} |")
 EOF

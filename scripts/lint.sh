@@ -24,6 +24,7 @@ CRATES=(
     "Cargo.toml;default;pg_test"
     "clients/rust/Cargo.toml;default;reqwest"
     "examples/charges-api/Cargo.toml;default"
+    "bench/http/axum/Cargo.toml;default"
 )
 # The client crate and the example service share one target folder (as their tests build them).
 CLIENTS_TARGET=$PWD/target/clients

@@ -205,7 +205,7 @@ claim_retry() {
 # The benchmark scripts, smoke-tested so they keep working (figures of a smoke run mean nothing).
 bench_smoke() {
     local passed=0 failed=0 script
-    for script in "bench/run.sh --smoke --pg $PG_MAJOR" "bench/send.sh --smoke"; do
+    for script in "bench/run.sh --smoke --pg $PG_MAJOR" "bench/send.sh --smoke" "bench/http.sh --smoke"; do
         if $script; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL $script"; fi
     done
     echo "bench-smoke: $passed passed, $failed failed"

@@ -175,6 +175,7 @@ python-apps   20420  21420  12     clients/python demo servers (IDEM_PY_HTTP_POR
 sending       20440  21440  16     tests/sending (sender and receiver PostgreSQL, receiver app, fault proxy, ...)
 send-bench    20460  21460  4      bench/send.sh (PostgreSQL, receiver, ...)
 sqlsmith      20464  21464  1      tests/sqlsmith/run.sh
+http-bench    20470  21470  9      bench/http.sh (PostgreSQL +0, two apps per framework +1..+8)
 bench-releases 20480 21480 2      bench/releases.sh (the previous release's cluster, the current tree's)
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere

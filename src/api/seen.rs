@@ -47,19 +47,22 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     spi::require_primary("idem_seen")?;
     let now = spi::now();
     let expires_at = now + ttl;
-    let live_until =
-        |row: Option<&_>| row.map(|row| get_not_null::<TimestampWithTimeZone>(row, &READ, "expires_at"));
-    let found = match direct::read(Table::Messages, scope, message_id, READ.columns, live_until) {
-        Some(found) => found,
-        None => Spi::connect_mut(|client| {
-            let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
-            (!found.is_empty()).then(|| get_not_null(&found.first(), &READ, "expires_at"))
-        }),
-    };
-    if found.is_some_and(|live_until: TimestampWithTimeZone| live_until > now) {
+    let live = |live_until: TimestampWithTimeZone| live_until > now;
+    // Some(found) when the direct read was taken; through SPI, the read and the write share
+    // one connection.
+    let direct = direct::read(Table::Messages, scope, message_id, READ.columns, |row| {
+        row.map(|row| get_not_null::<TimestampWithTimeZone>(row, &READ, "expires_at"))
+    });
+    if direct.flatten().is_some_and(live) {
         return Ok(false);
     }
     Ok(Spi::connect_mut(|client| {
+        if direct.is_none() {
+            let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
+            if !found.is_empty() && live(get_not_null(&found.first(), &READ, "expires_at")) {
+                return false;
+            }
+        }
         spi::run(client, &RECORD, &[scope.into(), message_id.into(), now.into(), expires_at.into()]);
         spi::processed() == 1
     }))

@@ -1,6 +1,6 @@
--- The portable edition 0.5.0 registered with pg_tle (Trusted Language Extensions: AWS RDS
+-- The portable edition 0.6.0 registered with pg_tle (Trusted Language Extensions: AWS RDS
 -- and Aurora, Supabase), so that CREATE EXTENSION idempotency installs it. Generated from
--- idempotency-portable--0.5.0.sql, which it holds unchanged between the $_pgtle_$ quotes;
+-- idempotency-portable--0.6.0.sql, which it holds unchanged between the $_pgtle_$ quotes;
 -- both are written by scripts/assemble_portable.py (tests/portable/assembly.sh checks them).
 -- Steps (docs/portable.md, "Install with pg_tle"); not tested in CI (pg_tle is not packaged
 -- for this project's test machines; checked by hand with pg_tle 1.5.2, issue 21).
@@ -13,15 +13,15 @@
 -- pgtle.install_update_path, then pgtle.set_default_version, then ALTER EXTENSION UPDATE.
 SELECT pgtle.install_extension(
     'idempotency',
-    '0.5.0',
+    '0.6.0',
     'Idempotency keys, leases and message de-duplication inside your own transaction (portable edition: SQL and PL/pgSQL)',
 $_pgtle_$
--- idempotency 0.5.0, PORTABLE EDITION: the SQL contract of the native extension
+-- idempotency 0.6.0, PORTABLE EDITION: the SQL contract of the native extension
 -- (docs/portable.md), in SQL and PL/pgSQL only, for servers that load no custom library
 -- (RDS, Aurora, Cloud SQL, Azure, Supabase, Neon ...). PostgreSQL 14 or later.
 --
 -- Install: as the database owner (no superuser needed), once per database:
---     psql -v ON_ERROR_STOP=1 -d DB -f sql/portable/idempotency-portable--0.5.0.sql
+--     psql -v ON_ERROR_STOP=1 -d DB -f sql/portable/idempotency-portable--0.6.0.sql
 -- or as a SQL-only extension named idempotency (pg_tle: sql/portable/pgtle.sql; a control
 -- file without module_pathname: tests/portable/run.sh). Upgrade an install of release N by
 -- running sql/portable/idempotency-portable--N--M.sql. Moving to the native extension, and
@@ -29,7 +29,7 @@ $_pgtle_$
 --
 -- Released files are frozen: a change is a new release with an upgrade file.
 --
--- The same schema, table, type, view and functions as the native 0.5.0, with the same
+-- The same schema, table, type, view and functions as the native 0.6.0, with the same
 -- argument names, defaults, volatility, outcomes and SQLSTATEs. Settings are read with
 -- current_setting(name, true): unset means the documented default, and a bad value is
 -- refused (22023) where it is used rather than when it is SET. Every function pins
@@ -140,7 +140,7 @@ COMMENT ON TYPE idempotency.claim_result IS
 CREATE FUNCTION idempotency.portable_version() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT '0.5.0' $$;
+AS $$ SELECT '0.6.0' $$;
 
 -- ---------------------------------------------------------------------------------------
 -- Helpers. None raises: the idem_* functions raise their errors themselves, so that an

@@ -7,18 +7,18 @@
 -- Docs: docs/portable.md, "Switching editions".
 \set ON_ERROR_STOP 1
 BEGIN;
--- The portable edition is release 0.5.0: the native extension must be at 0.5.0 too
+-- The portable edition is release 0.6.0: the native extension must be at 0.6.0 too
 -- (ALTER EXTENSION idempotency UPDATE first).
 SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 1 AS native_at_release
   FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'idempotency'
-   AND extversion OPERATOR(pg_catalog.=) '0.5.0' \gset
+   AND extversion OPERATOR(pg_catalog.=) '0.6.0' \gset
 \if :native_at_release
 \else
-DO $$ BEGIN RAISE EXCEPTION 'the idempotency extension at version 0.5.0 is not installed in this database' USING ERRCODE = '55000'; END $$;
+DO $$ BEGIN RAISE EXCEPTION 'the idempotency extension at version 0.6.0 is not installed in this database' USING ERRCODE = '55000'; END $$;
 \endif
 \ir switch/save.sql
 -- Leaves the schema (and its grants) in place; drops every object of the extension.
 DROP EXTENSION idempotency;
-\ir idempotency-portable--0.5.0.sql
+\ir idempotency-portable--0.6.0.sql
 \ir switch/restore.sql
 COMMIT;

@@ -38,9 +38,9 @@ $$;
 DROP VIEW idempotency.stats;
 DROP TYPE idempotency.claim_result;
 DROP TABLE idempotency.keys, idempotency.messages, idempotency.outbound, idempotency.outbound_budget;
--- The release whose table and functions the portable edition has (0.5.0: a portable install
+-- The release whose table and functions the portable edition has (0.6.0: a portable install
 -- at an older release runs its upgrade files first); ALTER EXTENSION idempotency UPDATE
 -- afterwards moves on to the newest.
-CREATE EXTENSION idempotency SCHEMA idempotency VERSION '0.5.0';
+CREATE EXTENSION idempotency SCHEMA idempotency VERSION '0.6.0';
 \ir switch/restore.sql
 COMMIT;

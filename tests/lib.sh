@@ -177,6 +177,12 @@ send-bench    20460  21460  4      bench/send.sh (PostgreSQL, receiver, ...)
 sqlsmith      20464  21464  1      tests/sqlsmith/run.sh
 http-bench    20470  21470  9      bench/http.sh (PostgreSQL +0, two apps per framework +1..+8)
 bench-releases 20480 21480 2      bench/releases.sh (the previous release's cluster, the current tree's)
+artifacts-python 20490 21490 3    tests/artifacts/python.sh (PostgreSQL, the README's example app, spare)
+artifacts-node 20493 21493  3      tests/artifacts/node.sh (the same)
+artifacts-rust 20496 21496  3      tests/artifacts/rust.sh (the same)
+artifacts-go  20499  21499  3      tests/artifacts/go.sh (the same)
+artifacts-java 20502 21502  3      tests/artifacts/java.sh (the same)
+send-faults   20505  21505  12     tests/sending fault scenarios (sender PostgreSQL, receiver, proxy, ...)
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
 # on the machine can hold one. IDEM_TEST_SLOT=N (1-8) moves every port up by N * 1300 and

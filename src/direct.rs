@@ -306,7 +306,8 @@ thread_local! {
     static CITUS_LOADED: OnceCell<bool> = const { OnceCell::new() };
 }
 
-fn citus_loaded() -> bool {
+/// Citus is in shared_preload_libraries.
+pub fn citus_loaded() -> bool {
     CITUS_LOADED.with(|loaded| {
         *loaded.get_or_init(|| {
             // SAFETY: reads a setting's current value, copied before anything else runs.

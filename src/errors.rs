@@ -25,6 +25,9 @@ pub enum IdemError {
     ReadOnlyServer { function: &'static str },
     /// 40001: the claim kept losing races with concurrent changes of the same key.
     ClaimContended { scope: String, key: String },
+    /// 40001: under REPEATABLE READ or SERIALIZABLE, the key's record changed (or, `deleted`,
+    /// went) after the transaction's snapshot (PostgreSQL's own words for the same case).
+    ConcurrentChange { deleted: bool },
 }
 
 impl IdemError {
@@ -41,7 +44,7 @@ impl IdemError {
             IdemError::NotOwner { .. } => "IK002",
             IdemError::AlreadyCompleted { .. } => "IK003",
             IdemError::ReadOnlyServer { .. } => "25006",
-            IdemError::ClaimContended { .. } => "40001",
+            IdemError::ClaimContended { .. } | IdemError::ConcurrentChange { .. } => "40001",
         }
     }
 
@@ -72,6 +75,10 @@ impl IdemError {
             IdemError::ClaimContended { scope, key } => {
                 format!("could not claim scope {scope:?}, key {key:?}: it kept changing concurrently")
             }
+            IdemError::ConcurrentChange { deleted } => format!(
+                "could not serialize access due to concurrent {}",
+                if *deleted { "delete" } else { "update" }
+            ),
         }
     }
 
@@ -103,7 +110,9 @@ impl IdemError {
             IdemError::ReadOnlyServer { .. } => {
                 Some("Claims must run on the primary; idem_lookup works on a standby.".into())
             }
-            IdemError::ClaimContended { .. } => Some("Retry the transaction.".into()),
+            IdemError::ClaimContended { .. } | IdemError::ConcurrentChange { .. } => {
+                Some("Retry the transaction.".into())
+            }
             _ => None,
         }
     }

@@ -74,6 +74,18 @@ impl Jsonb {
         Ok(w.fingerprint())
     }
 
+    /// A copy that lives until the transaction ends: for a value kept between statements.
+    pub fn copy_for_transaction(self) -> Jsonb {
+        // SAFETY: the datum is a valid jsonb varlena; the copy is made in TopTransactionContext,
+        // which lives until the transaction ends, and the previous context is restored.
+        unsafe {
+            let previous = pg_sys::MemoryContextSwitchTo(pg_sys::TopTransactionContext);
+            let copy = pg_sys::pg_detoast_datum_copy(self.0.cast_mut_ptr());
+            pg_sys::MemoryContextSwitchTo(previous);
+            Jsonb(pg_sys::Datum::from(copy))
+        }
+    }
+
     /// PostgreSQL's text form of the value (jsonb_out).
     pub fn to_text(self) -> String {
         // SAFETY: jsonb_out takes a jsonb datum and returns a palloc'd C string.

@@ -3,9 +3,9 @@
 //!
 //! Layers, each using only the ones below it (and, inside the glue, `spi`):
 //! - `api`: what SQL sees, one module per group of functions;
-//! - `spi`, `direct`, `jsonb`, `settings`, `deployment`, `wakeup`: the glue to the server
-//!   (statements, the direct read of a record by its primary key, datums, settings, where the
-//!   tables live, waking the claims that wait);
+//! - `spi`, `direct`, `jsonb`, `settings`, `deployment`, `wakeup`, `keylock`: the glue to the
+//!   server (statements, the direct read of a record by its primary key, datums, settings,
+//!   where the tables live, waking the claims that wait, the lock that holds a key);
 //! - `jcs`, `validate`, `record`, `errors`: pure rules, tested with a plain `cargo test`.
 
 use pgrx::prelude::*;
@@ -16,6 +16,7 @@ mod direct;
 mod errors;
 mod jcs;
 mod jsonb;
+mod keylock;
 mod record;
 mod settings;
 mod spi;
@@ -42,7 +43,7 @@ extension_sql_file!(
     name = "citus",
     requires = [
         idem_scope_support,
-        idem_claim_wait_token,
+        idem_claim_deferred,
         idem_complete,
         idem_checkpoint,
         idem_release,

@@ -39,6 +39,13 @@ pub enum Status {
 }
 
 impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "in_progress",
+            Status::Completed => "completed",
+        }
+    }
+
     /// A stored status (the idem_* functions write only these two).
     pub fn parse(text: &str) -> Option<Status> {
         match text {
@@ -72,5 +79,8 @@ mod tests {
         assert_eq!(Status::parse("in_progress"), Some(Status::InProgress));
         assert_eq!(Status::parse("completed"), Some(Status::Completed));
         assert_eq!(Status::parse("done"), None);
+        for status in [Status::InProgress, Status::Completed] {
+            assert_eq!(Status::parse(status.as_str()), Some(status));
+        }
     }
 }

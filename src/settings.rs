@@ -25,6 +25,7 @@ static mut TOMBSTONE_TTL: pg_sys::Interval = pg_sys::Interval { time: 0, day: 0,
 
 static MAX_RESPONSE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static DIRECT_READ: GucSetting<bool> = GucSetting::<bool>::new(true);
+static KEY_LOCK_BITS: GucSetting<i32> = GucSetting::<i32>::new(64);
 
 // The sending side's settings are read by sql/send.sql (current_setting), shared with the
 // portable edition; registering them here checks a value when it is SET.
@@ -50,6 +51,16 @@ pub fn register() {
         c"Whether idem_claim and idem_seen read their record directly through the primary-key index where that is sure to answer as SPI would.",
         c"off reads every record through SPI (docs/operations.md#read-paths).",
         &DIRECT_READ,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.key_lock_bits",
+        c"How many bits of the hash of (scope, key) name its key lock: for tests that force collisions.",
+        c"64 (the default) in production; fewer make unrelated keys share locks (they only wait for each other).",
+        &KEY_LOCK_BITS,
+        1,
+        64,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -145,6 +156,11 @@ pub fn register() {
 /// idempotency.direct_read.
 pub fn direct_read() -> bool {
     DIRECT_READ.get()
+}
+
+/// idempotency.key_lock_bits.
+pub fn key_lock_bits() -> u32 {
+    KEY_LOCK_BITS.get() as u32
 }
 
 /// idempotency.max_response_size in bytes.

@@ -25,7 +25,24 @@ fn idem_claim(
     ttl: Option<Interval>,
     lease: Option<Interval>,
 ) -> pgrx::composite_type!('static, "idempotency.claim_result") {
-    claim::claim(scope, key, fingerprint, ttl, lease, None, None).or_raise().into_tuple(fcinfo)
+    claim::claim(scope, key, fingerprint, ttl, lease, None, None, Some(false)).or_raise().into_tuple(fcinfo)
+}
+
+/// `idem_claim_wait_token_wrapper`: the seven-argument idem_claim of releases 0.4.0, 0.4.1
+/// and 0.5.0 (0.6.0 added `deferred` under the new symbol idem_claim_deferred_wrapper).
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(sql = false)]
+fn idem_claim_wait_token(
+    fcinfo: pg_sys::FunctionCallInfo,
+    scope: Option<&str>,
+    key: Option<&str>,
+    fingerprint: Option<&str>,
+    ttl: Option<Interval>,
+    lease: Option<Interval>,
+    wait: Option<Interval>,
+    token: Option<pgrx::datum::Uuid>,
+) -> pgrx::composite_type!('static, "idempotency.claim_result") {
+    claim::claim(scope, key, fingerprint, ttl, lease, wait, token, Some(false)).or_raise().into_tuple(fcinfo)
 }
 
 #[cfg(test)]
@@ -35,7 +52,10 @@ mod tests {
     use std::path::Path;
 
     /// The symbols kept here, each with the releases whose install script names it.
-    const KEPT: &[(&str, &[&str])] = &[("idem_claim_wrapper", &["0.1.0", "0.2.0", "0.3.0"])];
+    const KEPT: &[(&str, &[&str])] = &[
+        ("idem_claim_wrapper", &["0.1.0", "0.2.0", "0.3.0"]),
+        ("idem_claim_wait_token_wrapper", &["0.4.0", "0.4.1", "0.5.0"]),
+    ];
 
     /// The C symbols an SQL script names.
     fn symbols(path: &Path) -> BTreeSet<String> {

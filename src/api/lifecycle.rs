@@ -1,11 +1,14 @@
 //! idem_complete, idem_checkpoint and idem_release: what the owner of a claim does with it.
 //! Each is one statement fenced on the token; when it touches no row, a read says why.
 //! Completing and releasing wake the claims waiting for the record once they commit.
+//! A deferred claim this transaction holds (src/api/deferred.rs) is completed by writing its
+//! record once, and checkpointed or released in memory.
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
 use pgrx::pg_sys::{INT4OID, INTERVALOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
 use pgrx::prelude::*;
 
+use crate::api::deferred::{self, Completion};
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::record::Status;
@@ -115,6 +118,10 @@ fn complete(
     validate::stored_size("response_body", size, settings::max_response_bytes())?;
     spi::require_primary("idem_complete")?;
     let now = spi::now();
+    let done = Completion { status, headers: response_headers, body: response_body, at: now };
+    if let Some(result) = deferred::complete(scope, key, token, done) {
+        return result;
+    }
     Spi::connect_mut(|client| {
         spi::run(
             client,
@@ -155,6 +162,9 @@ fn checkpoint(
         lease.map(|l| validate::interval_arg("lease", Some(l), settings::default_lease)).transpose()?;
     spi::require_primary("idem_checkpoint")?;
     let now = spi::now();
+    if let Some(result) = deferred::checkpoint(scope, key, token, recovery_point, recovery_data, lease, now) {
+        return result;
+    }
     Spi::connect_mut(|client| {
         let renewed = spi::run(
             client,
@@ -183,6 +193,9 @@ fn release(scope: Option<&str>, key: Option<&str>, token: Option<Uuid>) -> Resul
     let token = validate::required("token", token)?;
     spi::require_primary("idem_release")?;
     let now = spi::now();
+    if let Some(released) = deferred::release(scope, key, token) {
+        return Ok(released);
+    }
     Spi::connect_mut(|client| {
         spi::run(client, &RELEASE, &[scope.into(), key.into(), token.into(), now.into()]);
         let released = spi::processed() == 1;

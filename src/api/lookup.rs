@@ -1,10 +1,12 @@
 //! idem_lookup: the live record of (scope, key), read-only, so it also works on a standby.
+//! A deferred claim this transaction holds is shown as the record it will write.
 
 use pgrx::heap_tuple::PgHeapTuple;
 use pgrx::pg_sys::{TEXTOID, TIMESTAMPTZOID};
 use pgrx::prelude::*;
 use pgrx::AllocatedByRust;
 
+use crate::api::deferred;
 use crate::errors::{IdemError, OrRaise};
 use crate::spi::{self, get, Kind, Statement};
 use crate::validate;
@@ -33,6 +35,9 @@ fn lookup(
     let scope = validate::key_text("scope", scope)?;
     let key = validate::key_text("key", key)?;
     let now = spi::now();
+    if let Some(held) = deferred::held_row(scope, key) {
+        return Ok(Some(held));
+    }
     Ok(Spi::connect_mut(|client| {
         let found = spi::run(client, &LOOKUP, &[scope.into(), key.into(), now.into()]);
         if found.is_empty() {

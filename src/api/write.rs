@@ -1,0 +1,115 @@
+//! Creating a record of idempotency.keys: a claim's `in_progress` record (idem_claim, or a
+//! deferred claim at COMMIT), or a deferred claim's `completed` record (idem_complete). The
+//! caller holds the key lock (src/keylock.rs) and has read the key under a fresh snapshot, so
+//! it knows whether an expired record is there to be replaced, and by which token.
+
+use pgrx::datum::{TimestampWithTimeZone, Uuid};
+use pgrx::pg_sys::{INT4OID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+use pgrx::spi::SpiClient;
+
+use crate::jsonb::Jsonb;
+use crate::record::Status;
+use crate::spi::{self, Kind, Statement};
+
+// The columns, in the order of the parameters $1 .. $16.
+const ARGS: &[pgrx::pg_sys::Oid] = &[
+    TEXTOID,        // $1 scope
+    TEXTOID,        // $2 key
+    TEXTOID,        // $3 fingerprint
+    TEXTOID,        // $4 status
+    UUIDOID,        // $5 token
+    INT4OID,        // $6 attempts
+    TIMESTAMPTZOID, // $7 locked_until
+    TEXTOID,        // $8 recovery_point
+    JSONBOID,       // $9 recovery_data
+    INT4OID,        // $10 response_status
+    JSONBOID,       // $11 response_headers
+    JSONBOID,       // $12 response_body
+    TIMESTAMPTZOID, // $13 created_at
+    TIMESTAMPTZOID, // $14 updated_at
+    TIMESTAMPTZOID, // $15 completed_at
+    TIMESTAMPTZOID, // $16 expires_at
+    UUIDOID,        // $17 (REPLACE only) the token of the expired record replaced
+];
+
+// ON CONFLICT: only a writer that does not take the key lock (a session still running an
+// older release's library, a hand-made INSERT) can be there first; the caller then reads again.
+static INSERT: Statement = Statement {
+    sql: "INSERT INTO idempotency.keys \
+              (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point, \
+               recovery_data, response_status, response_headers, response_body, created_at, \
+               updated_at, completed_at, expires_at) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+          ON CONFLICT (scope, key) DO NOTHING",
+    args: ARGS.split_at(16).0,
+    kind: Kind::Write,
+    columns: &[],
+};
+
+// The expired record of token $17 becomes the new one, if it is still there and expired.
+static REPLACE: Statement = Statement {
+    sql: "UPDATE idempotency.keys \
+          SET fingerprint = $3, status = $4, token = $5, attempts = $6, locked_until = $7, \
+              recovery_point = $8, recovery_data = $9, response_status = $10, \
+              response_headers = $11, response_body = $12, created_at = $13, updated_at = $14, \
+              completed_at = $15, expires_at = $16 \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+            AND token OPERATOR(pg_catalog.=) $17 AND expires_at OPERATOR(pg_catalog.<=) $13",
+    args: ARGS,
+    kind: Kind::Write,
+    columns: &[],
+};
+
+/// A record to create.
+pub(super) struct NewRecord<'a> {
+    pub(super) scope: &'a str,
+    pub(super) key: &'a str,
+    pub(super) fingerprint: Option<&'a str>,
+    pub(super) status: Status,
+    pub(super) token: Uuid,
+    pub(super) attempts: i32,
+    pub(super) locked_until: Option<TimestampWithTimeZone>,
+    pub(super) recovery_point: Option<&'a str>,
+    pub(super) recovery_data: Option<Jsonb>,
+    pub(super) response_status: Option<i32>,
+    pub(super) response_headers: Option<Jsonb>,
+    pub(super) response_body: Option<Jsonb>,
+    /// now(): the claim's time (an expired record is replaced only if it expired by then).
+    pub(super) created_at: TimestampWithTimeZone,
+    pub(super) updated_at: TimestampWithTimeZone,
+    pub(super) completed_at: Option<TimestampWithTimeZone>,
+    pub(super) expires_at: TimestampWithTimeZone,
+}
+
+/// Writes `record`: replacing the expired record of token `replaces` if there is one (or,
+/// if that one is gone meanwhile, as a new row). False when another writer's row of the key
+/// was there first.
+pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replaces: Option<Uuid>) -> bool {
+    let args = [
+        record.scope.into(),
+        record.key.into(),
+        record.fingerprint.into(),
+        record.status.as_str().into(),
+        record.token.into(),
+        record.attempts.into(),
+        record.locked_until.into(),
+        record.recovery_point.into(),
+        record.recovery_data.into(),
+        record.response_status.into(),
+        record.response_headers.into(),
+        record.response_body.into(),
+        record.created_at.into(),
+        record.updated_at.into(),
+        record.completed_at.into(),
+        record.expires_at.into(),
+        replaces.into(),
+    ];
+    if replaces.is_some() {
+        spi::run(client, &REPLACE, &args);
+        if spi::processed() == 1 {
+            return true;
+        }
+    }
+    spi::run(client, &INSERT, &args[..16]);
+    spi::processed() == 1
+}

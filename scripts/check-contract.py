@@ -272,10 +272,13 @@ def check_settings(c, contract, files):
         if s["type"] == "integer":
             static, low, high = ints.get(s["name"], (None, "0", "0"))
             default = re.search(rf"{static}: GucSetting<i32> = GucSetting::<i32>::new\((\d+)\)", rs) if static else None
-            shown = default and (f"{int(default.group(1)) // 1024}MB" if int(default.group(1)) % 1024 == 0
-                                 else f"{default.group(1)}kB")
+            if default and s.get("unit") == "kB":
+                shown = (f"{int(default.group(1)) // 1024}MB" if int(default.group(1)) % 1024 == 0
+                         else f"{default.group(1)}kB")
+            else:
+                shown = default and default.group(1)
             ok = shown == s["default"] and product(low) == s["min"] and product(high) == s["max"]
-            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}, {s['min']} to {s['max']} {s['unit']}",
+            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}, {s['min']} to {s['max']} {s.get('unit', '')}".rstrip(),
                     ok, f"default {shown}, range {low} to {high}")
         elif s["type"] == "real":
             static = re.search(rf'define_float_guc\(\s*c"{re.escape(s["name"])}",.*?&(\w+),', rs, re.DOTALL)

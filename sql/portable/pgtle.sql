@@ -572,6 +572,11 @@ $$;
 -- the owner's lease end, the record's expiry or the wait's end; no row lock, no
 -- transaction id; cancel and statement_timeout stop pg_sleep. Under REPEATABLE READ or
 -- SERIALIZABLE the snapshot never shows a change: the answer is given at once.
+--
+-- 0.6.0: deferred is accepted and answers exactly as in the native edition, but the
+-- portable edition cannot hold a key without a row (it has no memory that lives until the
+-- transaction ends, nor a hook at COMMIT): it writes the in_progress record at once, as
+-- without deferred, and idem_complete updates it (docs/portable.md).
 
 CREATE FUNCTION idempotency.idem_claim(
     scope text,
@@ -580,7 +585,8 @@ CREATE FUNCTION idempotency.idem_claim(
     ttl interval DEFAULT NULL,
     lease interval DEFAULT NULL,
     wait interval DEFAULT NULL,
-    token uuid DEFAULT NULL
+    token uuid DEFAULT NULL,
+    deferred boolean DEFAULT false
 ) RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
@@ -615,6 +621,9 @@ BEGIN
       FROM idempotency.portable_interval_arg('lease', lease, 'idempotency.default_lease', interval '5 minutes') AS a;
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
+    END IF;
+    IF deferred IS NULL THEN
+        RAISE EXCEPTION 'argument "deferred" must not be null' USING ERRCODE = '22004';
     END IF;
     IF wait < interval '0' THEN
         RAISE EXCEPTION 'invalid argument "wait": must not be negative' USING ERRCODE = '22023';

@@ -18,9 +18,16 @@ CREATE TABLE idempotency.keys (
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
     completed_at     timestamptz,
-    expires_at       timestamptz NOT NULL,
-    CONSTRAINT keys_pkey PRIMARY KEY (scope, key)
-);
+    expires_at       timestamptz NOT NULL
+) PARTITION BY RANGE ((CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END));
+-- Partitioned (0.6.0, docs/operations.md#partitions): claims in flight in keys_claims (every
+-- status but completed is keyed -infinity), completed records by expires_at in one partition
+-- per idempotency.partition_period, which idem_sweep creates ahead and drops once the period
+-- and its tombstones are over, and keys_far for completed records past the partitions made
+-- so far. Statements that mean one kind of record say so with the partition key expression
+-- above, spelled the same, so that the planner reads only that partition. (scope, key) is
+-- unique across partitions: each partition has its own primary key, and every write that
+-- creates a record holds the key's lock (src/keylock.rs) and reads the key first.
 -- No CHECK constraints: PostgreSQL 15 parses and plans every CHECK expression again for
 -- each INSERT and UPDATE statement, which was 28 % of a claim + complete (BENCHMARKS.md).
 -- The idem_* functions are the writers and keep the invariants themselves: status is
@@ -29,60 +36,80 @@ CREATE TABLE idempotency.keys (
 
 COMMENT ON TABLE idempotency.keys IS
     'One idempotency record per (scope, key). Written through the idem_* functions; '
-    'a record with expires_at <= now() is treated as absent until idem_sweep deletes it.';
+    'a record with expires_at <= now() is treated as absent until idem_sweep drops or deletes it.';
 
--- Every request writes here and every record is deleted a day later: vacuum after 1 % of
--- the table changed rather than PostgreSQL's default 20 %, so that dead tuples from
--- completes and sweeps are reclaimed in small, frequent passes (with a 24 h ttl, about every
--- 7 minutes instead of every 2.4 hours with up to 20 % dead; BENCHMARKS.md, Storage
--- settings). The vacuum cost delay is left as it is, so vacuum does not compete with claims.
--- No fillfactor: completing a claim changes indexed columns, so its updates are never HOT
--- and free space in the pages would only make the table larger.
-ALTER TABLE idempotency.keys SET (
+-- Claims in flight: small, changed in place (checkpoints, takeovers), emptied as claims
+-- complete. Vacuumed after 1 % of it changed rather than PostgreSQL's default 20 %.
+CREATE TABLE idempotency.keys_claims PARTITION OF idempotency.keys (
+    CONSTRAINT keys_claims_pkey PRIMARY KEY (scope, key)
+) FOR VALUES FROM (MINVALUE) TO ('1970-01-01 00:00:00+00');
+
+ALTER TABLE idempotency.keys_claims SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
--- idem_sweep: expired records, oldest first.
-CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
+-- idem_reclaim_stale and idempotency.stats: claims by end of lease. Partial: the predicate
+-- names locked_until too, so that it is implied only by queries on the lease ("locked_until
+-- <= now"), and the fenced UPDATEs of idem_checkpoint ("status = 'in_progress'" and a key)
+-- use the primary key.
+CREATE INDEX keys_in_progress_idx ON idempotency.keys_claims (locked_until)
+    WHERE status = 'in_progress' AND locked_until IS NOT NULL;
+
+-- idem_sweep: claims that expired without being completed, oldest first.
+CREATE INDEX keys_claims_expires_at_idx ON idempotency.keys_claims (expires_at);
+
+-- Completed records whose expiry lies past the partitions made so far (a ttl longer than
+-- idempotency.default_ttl plus two periods, or no idem_sweep yet): swept by DELETE as every
+-- record was before 0.6.0, and moved into each partition idem_sweep makes.
+CREATE TABLE idempotency.keys_far PARTITION OF idempotency.keys (
+    CONSTRAINT keys_far_pkey PRIMARY KEY (scope, key)
+) DEFAULT;
+
+ALTER TABLE idempotency.keys_far SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01
+);
+
+-- idem_sweep: expired records, oldest first; and the rows a new partition takes over.
+CREATE INDEX keys_far_expires_at_idx ON idempotency.keys_far (expires_at);
 
 -- The sweep with tombstones on (idempotency.tombstone_ttl): records that still hold a
 -- response, by expiry, so that each batch finds the expired ones to turn into tombstones
--- without stepping over the tombstones it already made. A claim (no response yet) is not
--- in it; a tombstone leaves it.
-CREATE INDEX keys_responses_idx ON idempotency.keys (expires_at)
+-- without stepping over the tombstones it already made. (A partition of its own keeps the
+-- responses until it is dropped; its claims answer expired without them.)
+CREATE INDEX keys_responses_idx ON idempotency.keys_far (expires_at)
     WHERE response_body IS NOT NULL OR response_headers IS NOT NULL;
 
--- idem_reclaim_stale and idempotency.stats: in_progress records by end of lease.
--- Partial, so it stays as small as the number of claims in flight. The predicate names
--- locked_until too, so that it is implied only by queries on the lease ("locked_until <=
--- now"): the fenced UPDATEs of idem_complete and idem_checkpoint ("status = 'in_progress'"
--- and a key) must use the primary key, not scan every claim in flight.
-CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until)
-    WHERE status = 'in_progress' AND locked_until IS NOT NULL;
-
--- Message ids seen by idem_seen, one row per (scope, message_id).
+-- Message ids seen by idem_seen, one row per (scope, message_id), partitioned by expiry as
+-- the completed records are.
 CREATE TABLE idempotency.messages (
     scope      text        NOT NULL,
     message_id text        NOT NULL,
     seen_at    timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL,
-    CONSTRAINT messages_pkey PRIMARY KEY (scope, message_id)
-);
+    expires_at timestamptz NOT NULL
+) PARTITION BY RANGE (expires_at);
 
 COMMENT ON TABLE idempotency.messages IS
-    'Message ids recorded by idem_seen; expired rows are treated as absent until idem_sweep deletes them.';
+    'Message ids recorded by idem_seen; expired rows are treated as absent until idem_sweep drops or deletes them.';
 
-CREATE INDEX messages_expires_at_idx ON idempotency.messages (expires_at);
+CREATE TABLE idempotency.messages_far PARTITION OF idempotency.messages (
+    CONSTRAINT messages_far_pkey PRIMARY KEY (scope, message_id)
+) DEFAULT;
 
-ALTER TABLE idempotency.messages SET (
+ALTER TABLE idempotency.messages_far SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
--- pg_dump keeps the rows of both tables (the extension's own objects are not dumped).
-SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
-SELECT pg_catalog.pg_extension_config_dump('idempotency.messages', '');
+CREATE INDEX messages_far_expires_at_idx ON idempotency.messages_far (expires_at);
+
+-- pg_dump keeps the rows of the extension's own partitions; the partitions idem_sweep makes
+-- are not the extension's members, so pg_dump keeps them (and their rows) as it keeps tables
+-- of yours.
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_claims', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_far', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.messages_far', '');
 
 CREATE TYPE idempotency.claim_result AS (
     outcome          text,

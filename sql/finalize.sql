@@ -4,25 +4,49 @@
 -- alert reading only `stale`, `expired` or `oldest_in_progress_age` stays cheap on a big
 -- table (unused columns of a view are not computed). `completed` has to count every live
 -- record. "locked_until IS NOT NULL" (always true of an in_progress record) is there so
--- that the partial index keys_in_progress_idx applies.
+-- that the partial index keys_in_progress_idx applies. Each condition on the partition key
+-- (the CASE expression, spelled as sql/bootstrap.sql partitions keys) keeps the planner to
+-- the partitions that can hold what is counted: claims in flight (-infinity), the periods
+-- not over. `expired` counts what waits for the sweep's DELETE (claims and records past the
+-- periods); a period over waits for its drop (idempotency.partitions).
 CREATE VIEW idempotency.stats AS
 SELECT
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until IS NOT NULL
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until IS NOT NULL
         AND expires_at > now())                                                AS in_progress,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'completed' AND expires_at > now())                      AS completed,
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) > now()
+        AND status = 'completed' AND expires_at > now())                      AS completed,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until <= now()
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until <= now()
         AND expires_at > now())                                                AS stale,
-    (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now())          AS expired,
+    (SELECT count(*) FROM idempotency.keys
+      WHERE ((CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+             OR (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END)
+                < (SELECT COALESCE(min(lower_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.keys')
+                    WHERE NOT is_default AND lower_bound IS NOT NULL)
+             OR (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END)
+                >= (SELECT COALESCE(max(upper_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.keys')
+                    WHERE NOT is_default AND lower_bound IS NOT NULL))
+        AND expires_at <= now())                                               AS expired,
     (SELECT now() - min(created_at) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until IS NOT NULL
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until IS NOT NULL
         AND expires_at > now())                                                AS oldest_in_progress_age,
     (SELECT count(*) FROM idempotency.messages WHERE expires_at > now())       AS messages,
-    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages,
+    (SELECT count(*) FROM idempotency.messages
+      WHERE (expires_at < (SELECT COALESCE(min(lower_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.messages')
+                            WHERE NOT is_default AND lower_bound IS NOT NULL)
+             OR expires_at >= (SELECT COALESCE(max(upper_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.messages')
+                               WHERE NOT is_default AND lower_bound IS NOT NULL))
+        AND expires_at <= now())                                               AS expired_messages,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'completed' AND expires_at <= now()
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) <= now()
+        AND (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) > now() - COALESCE(NULLIF(
+              pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval
+        AND status = 'completed' AND expires_at <= now()
         AND expires_at > now() - COALESCE(NULLIF(
               pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval) AS tombstones,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
@@ -32,7 +56,7 @@ SELECT
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
-    'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
+    'awaiting idem_sweep''s DELETE (claims, and records past the time partitions), the age of the oldest in_progress claim, and tombstones (expired '
     'completed records inside idempotency.tombstone_ttl; counted in expired too), and the '
     'sending side''s idempotency.outbound rows by state.';
 

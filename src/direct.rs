@@ -13,6 +13,14 @@
 //! (scope, id) of text with the default operators, a missing column, a role without
 //! table-wide SELECT (SPI then raises the 42501, or reads what column privileges allow), an
 //! ExecutorCheckPerms_hook (sepgsql, pgaudit), Citus (whose distributed tables are shells here).
+//!
+//! A partitioned table (0.6.0) is read partition by partition, newest period first, then the
+//! others (src/layout.rs), with the privileges and row-level security of the table itself, as
+//! a query of the table would; a partition whose every record is dead (src/layout.rs says
+//! when) is not read. A key has at most one record in the partitions that are read (every
+//! write that creates one holds the key's lock and removes an expired one first), so the first
+//! found is the record. The table a 0.5.0 database kept its records in is read last while it
+//! exists.
 
 use std::cell::OnceCell;
 use std::ffi::CStr;
@@ -22,6 +30,9 @@ use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::spi::SpiResult;
 use pgrx::{FromDatum, IntoDatum};
 
+use pgrx::datum::TimestampWithTimeZone;
+
+use crate::layout;
 use crate::settings;
 use crate::spi::Columns;
 
@@ -40,6 +51,26 @@ impl Table {
         }
     }
 
+    /// How long after a partition's period ends its records still answer: the tombstones
+    /// of keys (idempotency.tombstone_ttl), in microseconds.
+    fn grace(self) -> i64 {
+        match self {
+            Table::Keys => settings::tombstone_ttl().map_or(0, |ttl| {
+                (i64::from(ttl.months()) * 30 + i64::from(ttl.days())) * 86_400_000_000 + ttl.micros()
+            }),
+            Table::Messages => 0,
+        }
+    }
+
+    /// The table a database updated from 0.5.0 kept its records in, while they move into
+    /// the partitions (sql/idempotency--0.5.0--0.6.0.sql); read after the partitions.
+    fn legacy_name(self) -> &'static CStr {
+        match self {
+            Table::Keys => c"keys_legacy",
+            Table::Messages => c"messages_legacy",
+        }
+    }
+
     /// The primary key's second column.
     fn id_column(self) -> &'static str {
         match self {
@@ -51,7 +82,7 @@ impl Table {
 
 /// Why a read went through SPI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ThroughSpi {
+pub enum ThroughSpi {
     Setting,
     Citus,
     PermissionsHook,
@@ -63,6 +94,8 @@ enum ThroughSpi {
     Rules,
     KeyNotScopeAndId,
     ColumnMissing,
+    ColumnsDiffer,
+    PartitionsUnknown,
 }
 
 impl fmt::Display for ThroughSpi {
@@ -79,6 +112,8 @@ impl fmt::Display for ThroughSpi {
             ThroughSpi::Rules => "it has rules",
             ThroughSpi::KeyNotScopeAndId => "its primary key is not the extension's",
             ThroughSpi::ColumnMissing => "a column the call reads is missing",
+            ThroughSpi::ColumnsDiffer => "its partitions do not all have the columns in the same places",
+            ThroughSpi::PartitionsUnknown => "it is partitioned otherwise than the extension partitions it",
         })
     }
 }
@@ -102,16 +137,18 @@ impl Columns for Row {
 /// Reads the row of (scope, id) in `table` directly and passes it (None: there is none) to
 /// `answer`, whose result it returns; None when the read must go through SPI instead.
 /// `columns` are the names `answer` reads (as `spi::get` does, by position in this list).
+/// `now` is the time the records are read as of: partitions dead by then are not read.
 pub fn read<R>(
     table: Table,
     scope: &str,
     id: &str,
     columns: &'static [&'static str],
+    now: TimestampWithTimeZone,
     answer: impl FnOnce(Option<&Row>) -> R,
 ) -> Option<R> {
-    // SAFETY: catalog look-ups, relation opens and an index scan, closed before returning;
+    // SAFETY: catalog look-ups, relation opens and index scans, closed before returning;
     // on an error the transaction's abort releases what is still open.
-    let opened = unsafe { open(table, columns) };
+    let opened = unsafe { open(table, columns, now) };
     match opened {
         Err(why) => {
             report(|| format!("idempotency.{} read through SPI: {why}", table.name().to_string_lossy()));
@@ -133,16 +170,58 @@ fn report(message: impl FnOnce() -> String) {
     }
 }
 
-/// The table and its primary-key index, open and checked, and what the scan needs.
+/// The tables to read, each with its primary-key index, open and checked, in the order they
+/// are read; and what the scans need.
 struct Opened {
-    table: pg_sys::Relation,
-    index: pg_sys::Relation,
+    tables: Vec<(pg_sys::Relation, pg_sys::Relation)>,
     snapshot: pg_sys::Snapshot,
-    /// The attribute number of each of the caller's columns.
+    /// The attribute number of each of the caller's columns (the same in every partition,
+    /// checked).
     attnums: Vec<usize>,
 }
 
-unsafe fn open(table: Table, columns: &[&str]) -> Result<Opened, ThroughSpi> {
+impl Opened {
+    unsafe fn close(self) {
+        for (rel, index) in self.tables {
+            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+    }
+}
+
+/// The relation `name` in schema idempotency (InvalidOid: none).
+unsafe fn relid_of(name: &CStr) -> Oid {
+    match pg_sys::get_namespace_oid(c"idempotency".as_ptr(), true) {
+        pg_sys::InvalidOid => pg_sys::InvalidOid,
+        namespace => pg_sys::get_relname_relid(name.as_ptr(), namespace),
+    }
+}
+
+/// Does the table a 0.5.0 database kept `table`'s records in still exist?
+pub fn legacy_exists(table: Table) -> bool {
+    // SAFETY: catalog look-ups by name.
+    unsafe { relid_of(table.legacy_name()) != pg_sys::InvalidOid }
+}
+
+/// May the current user read all of relation `relid` (table-wide SELECT)?
+unsafe fn may_select(relid: Oid) -> bool {
+    pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
+        == pg_sys::AclResult::ACLCHECK_OK
+}
+
+/// A query of `rel` would be one the direct read can stand for: no row-level security, no
+/// rules. (Of a partitioned table these are the table's own, as a query of it applies.)
+unsafe fn queried_plainly(rel: pg_sys::Relation) -> Result<(), ThroughSpi> {
+    if (*(*rel).rd_rel).relrowsecurity {
+        return Err(ThroughSpi::RowLevelSecurity);
+    }
+    if (*(*rel).rd_rel).relhasrules || !(*rel).rd_rules.is_null() {
+        return Err(ThroughSpi::Rules);
+    }
+    Ok(())
+}
+
+unsafe fn open(table: Table, columns: &[&str], now: TimestampWithTimeZone) -> Result<Opened, ThroughSpi> {
     if !settings::direct_read() {
         return Err(ThroughSpi::Setting);
     }
@@ -155,35 +234,75 @@ unsafe fn open(table: Table, columns: &[&str]) -> Result<Opened, ThroughSpi> {
     if !pg_sys::ActiveSnapshotSet() {
         return Err(ThroughSpi::NoSnapshot);
     }
-    let namespace = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), true);
-    let relid = match namespace {
-        pg_sys::InvalidOid => pg_sys::InvalidOid,
-        namespace => pg_sys::get_relname_relid(table.name().as_ptr(), namespace),
-    };
+    let relid = relid_of(table.name());
     if relid == pg_sys::InvalidOid {
         return Err(ThroughSpi::NoTable);
     }
-    if pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as pg_sys::AclMode)
-        != pg_sys::AclResult::ACLCHECK_OK
-    {
+    if !may_select(relid) {
         return Err(ThroughSpi::NoSelectPrivilege);
     }
     let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    let index = match checked_index(rel, table) {
-        Ok(index) => index,
+    let leaves = queried_plainly(rel)
+        .and_then(|()| layout::leaves_to_read(rel, now, table.grace()).ok_or(ThroughSpi::PartitionsUnknown));
+    let leaves = match leaves {
+        Ok(leaves) => leaves,
         Err(why) => {
             pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
             return Err(why);
         }
     };
-    let desc = (*rel).rd_att;
-    let attnums: Option<Vec<usize>> = columns.iter().map(|name| attnum(desc, name)).collect();
-    let Some(attnums) = attnums else {
-        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+    let mut opened = Opened { tables: Vec::new(), snapshot: pg_sys::GetActiveSnapshot(), attnums: Vec::new() };
+    let legacy = relid_of(table.legacy_name());
+    let mut result = Ok(());
+    for (leaf, through_parent) in leaves.into_iter().map(|l| (l, true)).chain(
+        (legacy != pg_sys::InvalidOid).then_some((legacy, false)),
+    ) {
+        // The table a 0.5.0 database kept its records in is queried by name: its own rights.
+        if !through_parent && !may_select(leaf) {
+            result = Err(ThroughSpi::NoSelectPrivilege);
+            break;
+        }
+        let leaf_rel = if leaf == relid { rel } else { pg_sys::table_open(leaf, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+        let checked = (if through_parent { Ok(()) } else { queried_plainly(leaf_rel) })
+            .and_then(|()| checked_index(leaf_rel, table))
+            .and_then(|index| match attnums_of(leaf_rel, columns) {
+                Some(attnums) if opened.attnums.is_empty() || opened.attnums == attnums => Ok((index, attnums)),
+                found => {
+                    pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+                    Err(if found.is_none() { ThroughSpi::ColumnMissing } else { ThroughSpi::ColumnsDiffer })
+                }
+            });
+        match checked {
+            Ok((index, attnums)) => {
+                opened.attnums = attnums;
+                opened.tables.push((leaf_rel, index));
+            }
+            Err(why) => {
+                if leaf_rel != rel {
+                    pg_sys::table_close(leaf_rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                }
+                result = Err(why);
+                break;
+            }
+        }
+    }
+    // The partitioned table itself stays locked (as a query of it would leave it) but is not read.
+    if !opened.tables.iter().any(|(r, _)| *r == rel) {
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        return Err(ThroughSpi::ColumnMissing);
-    };
-    Ok(Opened { table: rel, index, snapshot: pg_sys::GetActiveSnapshot(), attnums })
+    }
+    match result {
+        Ok(()) => Ok(opened),
+        Err(why) => {
+            opened.close();
+            Err(why)
+        }
+    }
+}
+
+/// The attribute numbers of `columns` in `rel` (None: one is missing).
+unsafe fn attnums_of(rel: pg_sys::Relation, columns: &[&str]) -> Option<Vec<usize>> {
+    let desc = (*rel).rd_att;
+    columns.iter().map(|name| attnum(desc, name)).collect()
 }
 
 /// The table's primary-key index, opened, if the table is one the direct read may read.
@@ -191,12 +310,6 @@ unsafe fn checked_index(rel: pg_sys::Relation, table: Table) -> Result<pg_sys::R
     let class = &*(*rel).rd_rel;
     if class.relkind as u8 != pg_sys::RELKIND_RELATION || class.relam != pg_sys::HEAP_TABLE_AM_OID {
         return Err(ThroughSpi::NotPlainHeapTable);
-    }
-    if class.relrowsecurity {
-        return Err(ThroughSpi::RowLevelSecurity);
-    }
-    if class.relhasrules || !(*rel).rd_rules.is_null() {
-        return Err(ThroughSpi::Rules);
     }
     if !(*rel).rd_indexvalid {
         pg_sys::list_free(pg_sys::RelationGetIndexList(rel));
@@ -213,7 +326,6 @@ unsafe fn checked_index(rel: pg_sys::Relation, table: Table) -> Result<pg_sys::R
         Err(ThroughSpi::KeyNotScopeAndId)
     }
 }
-
 /// The index is a valid btree on exactly (scope, id), both text, with text's default
 /// operators and each column's own collation: the probe the planner would make of it.
 unsafe fn key_is_scope_and_id(rel: pg_sys::Relation, index: pg_sys::Relation, table: Table) -> bool {
@@ -255,48 +367,58 @@ unsafe fn attnum(desc: pg_sys::TupleDesc, name: &str) -> Option<usize> {
 }
 
 impl Opened {
+    /// Probes each table's primary key in turn; the first row found is the key's record.
     unsafe fn fetch<R>(self, scope: &str, id: &str, answer: impl FnOnce(Option<&Row>) -> R) -> R {
-        let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
-        for (i, value) in [scope, id].into_iter().enumerate() {
-            pg_sys::ScanKeyEntryInitialize(
-                &mut keys[i],
-                0,
-                (i + 1) as pg_sys::AttrNumber,
-                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::InvalidOid,
-                *(*self.index).rd_indcollation.add(i),
-                pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-                value.into_datum().expect("text is never NULL"),
-            );
-        }
-        let slot = pg_sys::table_slot_create(self.table, std::ptr::null_mut());
-        #[cfg(not(feature = "pg18"))]
-        let scan = pg_sys::index_beginscan(self.table, self.index, self.snapshot, 2, 0);
-        #[cfg(feature = "pg18")]
-        let scan = pg_sys::index_beginscan(self.table, self.index, self.snapshot, std::ptr::null_mut(), 2, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
-        let result = if pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-            let last = self.attnums.iter().copied().max().unwrap_or(0) as i16;
-            if (*slot).tts_nvalid < last {
-                pg_sys::slot_getsomeattrs_int(slot, last.into());
+        let mut answer = Some(answer);
+        let mut result = None;
+        let slot_of = |rel| pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        for &(rel, index) in &self.tables {
+            let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+            for (i, value) in [scope, id].into_iter().enumerate() {
+                pg_sys::ScanKeyEntryInitialize(
+                    &mut keys[i],
+                    0,
+                    (i + 1) as pg_sys::AttrNumber,
+                    pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                    pg_sys::InvalidOid,
+                    *(*index).rd_indcollation.add(i),
+                    pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+                    value.into_datum().expect("text is never NULL"),
+                );
             }
-            let columns = attributes((*slot).tts_tupleDescriptor);
-            let values = self
-                .attnums
-                .iter()
-                .map(|&n| {
-                    let type_oid = columns[n - 1].atttypid;
-                    (*(*slot).tts_values.add(n - 1), *(*slot).tts_isnull.add(n - 1), type_oid)
-                })
-                .collect();
-            answer(Some(&Row { values }))
-        } else {
-            answer(None)
+            let slot = slot_of(rel);
+            #[cfg(not(feature = "pg18"))]
+            let scan = pg_sys::index_beginscan(rel, index, self.snapshot, 2, 0);
+            #[cfg(feature = "pg18")]
+            let scan = pg_sys::index_beginscan(rel, index, self.snapshot, std::ptr::null_mut(), 2, 0);
+            pg_sys::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
+            if pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+                let last = self.attnums.iter().copied().max().unwrap_or(0) as i16;
+                if (*slot).tts_nvalid < last {
+                    pg_sys::slot_getsomeattrs_int(slot, last.into());
+                }
+                let columns = attributes((*slot).tts_tupleDescriptor);
+                let values = self
+                    .attnums
+                    .iter()
+                    .map(|&n| {
+                        let type_oid = columns[n - 1].atttypid;
+                        (*(*slot).tts_values.add(n - 1), *(*slot).tts_isnull.add(n - 1), type_oid)
+                    })
+                    .collect();
+                result = Some((answer.take().expect("answered once"))(Some(&Row { values })));
+            }
+            pg_sys::index_endscan(scan);
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            if result.is_some() {
+                break;
+            }
+        }
+        let result = match result {
+            Some(result) => result,
+            None => (answer.take().expect("answered once"))(None),
         };
-        pg_sys::index_endscan(scan);
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        pg_sys::table_close(self.table, pg_sys::NoLock as pg_sys::LOCKMODE);
+        self.close();
         result
     }
 }
@@ -355,6 +477,8 @@ mod tests {
             ThroughSpi::Rules,
             ThroughSpi::KeyNotScopeAndId,
             ThroughSpi::ColumnMissing,
+            ThroughSpi::ColumnsDiffer,
+            ThroughSpi::PartitionsUnknown,
         ];
         let texts: std::collections::HashSet<String> = all.iter().map(|w| w.to_string()).collect();
         assert_eq!(texts.len(), all.len());

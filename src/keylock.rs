@@ -7,7 +7,8 @@
 //! collide with it. A second claim of the same key waits for it as it would on a unique index
 //! (lock_timeout gives 55P03, a cycle 40P01), then reads the record again under a fresh
 //! snapshot. Two keys whose hashes collide only wait for each other; the answers come from the
-//! records, never from the lock. pg_locks shows the lock as `advisory` with objsubid KEY_SPACE.
+//! records, never from the lock. pg_locks shows the lock as `advisory` with objsubid KEY_SPACE
+//! (7649; message ids of idem_seen: 7650).
 
 use pgrx::pg_sys;
 
@@ -16,6 +17,23 @@ use crate::settings;
 /// field4 of the tags: 1 and 2 are taken by pg_advisory_lock's two key forms, 0x1DE0 by the
 /// wake-ups of waiting claims (src/wakeup.rs).
 pub const KEY_SPACE: u16 = 0x1DE1;
+
+/// Which records a lock holds: keys (a claim's) or message ids (idem_seen's), each in a lock
+/// space of its own.
+#[derive(Clone, Copy)]
+pub enum Space {
+    Keys,
+    Messages,
+}
+
+impl Space {
+    fn field4(self) -> u16 {
+        match self {
+            Space::Keys => KEY_SPACE,
+            Space::Messages => KEY_SPACE + 1,
+        }
+    }
+}
 
 /// The 64-bit FNV-1a hash of (scope, key), keeping the low `bits` bits (1..=64). A byte that
 /// UTF-8 never uses separates the two, so ("ab", "c") and ("a", "bc") differ.
@@ -34,14 +52,14 @@ pub fn hash(scope: &str, key: &str, bits: u32) -> u64 {
     }
 }
 
-fn tag(scope: &str, key: &str) -> pg_sys::LOCKTAG {
+fn tag(space: Space, scope: &str, key: &str) -> pg_sys::LOCKTAG {
     let h = hash(scope, key, settings::key_lock_bits());
     pg_sys::LOCKTAG {
         // SAFETY: a plain read of the backend's database oid.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
         locktag_field2: (h >> 32) as u32,
         locktag_field3: h as u32,
-        locktag_field4: KEY_SPACE,
+        locktag_field4: space.field4(),
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     }
@@ -49,8 +67,8 @@ fn tag(scope: &str, key: &str) -> pg_sys::LOCKTAG {
 
 /// Takes the key lock of (scope, key) until the transaction ends (or the subtransaction that
 /// took it aborts), waiting for the transaction that holds it. Taking it again is free.
-pub fn lock(scope: &str, key: &str) {
-    let tag = tag(scope, key);
+pub fn lock(space: Space, scope: &str, key: &str) {
+    let tag = tag(space, scope, key);
     // SAFETY: a transaction-level lock of the user lock method; a wait honours lock_timeout,
     // deadlock detection and cancel, each of which raises an ERROR.
     unsafe {

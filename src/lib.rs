@@ -10,6 +10,9 @@
 
 use pgrx::prelude::*;
 
+// First: its macros (the partition key's spelling) serve the statements of `api`.
+#[macro_use]
+mod layout;
 mod api;
 mod deployment;
 mod direct;
@@ -38,6 +41,7 @@ mod tests;
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 extension_sql_file!("../sql/send.sql", name = "send", requires = [idem_fingerprint]);
+extension_sql_file!("../sql/partitions.sql", name = "partitions");
 extension_sql_file!(
     "../sql/citus.sql",
     name = "citus",

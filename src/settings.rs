@@ -29,6 +29,10 @@ static KEY_LOCK_BITS: GucSetting<i32> = GucSetting::<i32>::new(64);
 
 // The sending side's settings are read by sql/send.sql (current_setting), shared with the
 // portable edition; registering them here checks a value when it is SET.
+// idempotency.partition_period is read by sql/partitions.sql (current_setting), shared with
+// the portable edition; registering it here checks a value when it is SET.
+static mut PARTITION_PERIOD_TEXT: *mut c_char = std::ptr::null_mut();
+
 static mut SEND_BACKOFF_BASE_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_BACKOFF_CAP_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_GIVE_UP_AFTER_TEXT: *mut c_char = std::ptr::null_mut();
@@ -111,6 +115,18 @@ pub fn register() {
             0,
             Some(check_non_negative_interval),
             Some(assign_tombstone_ttl),
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.partition_period".as_ptr(),
+            c"How much time of expiries each partition of idempotency.keys and idempotency.messages covers.".as_ptr(),
+            c"A fixed length of 1 second to 366 days; idem_sweep makes partitions ahead and drops them once over.".as_ptr(),
+            addr_of_mut!(PARTITION_PERIOD_TEXT),
+            c"1d".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_partition_period),
+            None,
             None,
         );
         pg_sys::DefineCustomStringVariable(
@@ -219,6 +235,20 @@ unsafe extern "C-unwind" fn check_positive_interval(
         extra,
         validate::positive_interval,
         c"The value must be a positive interval of at most 10000 years.",
+    )
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_partition_period(
+    newval: *mut *mut c_char,
+    extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    check_interval(
+        newval,
+        extra,
+        validate::partition_period,
+        c"The value must be a fixed length of 1 second to 366 days (no months).",
     )
 }
 

@@ -24,10 +24,6 @@ pub enum Kind {
     /// Takes a transaction id before it runs (pgrx's `update`), so that the statements after
     /// it run with fresh snapshots too.
     Write,
-    /// Runs as a Write does, with a fresh snapshot, but takes a transaction id only if it
-    /// writes a row: for a statement that looks before it writes and after which nothing is
-    /// read (a Read after it, in a transaction still without one, would use the old snapshot).
-    LookThenWrite,
 }
 
 pub struct Statement {
@@ -59,7 +55,7 @@ pub fn run<'conn>(
             let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
             let prepared = match stmt.kind {
                 Kind::Read => client.prepare(stmt.sql, &types),
-                Kind::Write | Kind::LookThenWrite => client.prepare_mut(stmt.sql, &types),
+                Kind::Write => client.prepare_mut(stmt.sql, &types),
             }
             .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
             let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
@@ -70,8 +66,6 @@ pub fn run<'conn>(
     let result = match stmt.kind {
         Kind::Read => client.select(plan, None, args),
         Kind::Write => client.update(plan, None, args),
-        // A plan prepared as mutating runs with read_only = false through `select` too.
-        Kind::LookThenWrite => client.select(plan, None, args),
     };
     let result = result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"));
     if fresh {

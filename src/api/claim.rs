@@ -21,7 +21,7 @@ use pgrx::spi::SpiClient;
 
 use crate::api::claim_result::Answer;
 use crate::api::deferred::{self, Claim};
-use crate::api::stored::{Record, READ};
+use crate::api::stored::{self, Record, READ};
 use crate::api::wait;
 use crate::api::write;
 use crate::direct::{self, Table};
@@ -37,14 +37,18 @@ const MAX_ROUNDS: usize = 10;
 // $1 scope, $2 key, $3 new token, $4 attempts, $5 locked_until, $6 now, $7 expires_at,
 // $8 the token that was read: the takeover is fenced on it and on the lease having ended.
 static TAKE_OVER: Statement = Statement {
-    sql: "UPDATE idempotency.keys \
+    sql: concat!(
+        "UPDATE idempotency.keys \
           SET token = $3, attempts = $4, locked_until = $5, updated_at = $6, expires_at = $7 \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+          WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $8 \
             AND status OPERATOR(pg_catalog.=) 'in_progress' \
             AND locked_until OPERATOR(pg_catalog.<=) $6 \
             AND expires_at OPERATOR(pg_catalog.>) $6 \
-          RETURNING recovery_point, recovery_data",
+          RETURNING recovery_point, recovery_data"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID],
     kind: Kind::Write,
     columns: &["recovery_point", "recovery_data"],
@@ -138,8 +142,8 @@ fn claim_at(request: &Request<'_>, now: TimestampWithTimeZone) -> Result<Answer,
             Next::NewClaim | Next::TakeOver { .. } => in_progress(&held),
         });
     }
-    let first = direct::read(Table::Keys, request.scope, request.key, READ.columns, |row| {
-        row.map(|row| Record::read(row))
+    let first = direct::read(Table::Keys, request.scope, request.key, READ.columns, now, |row| {
+        row.map(Record::read)
     });
     let first = first.map(|record| (decide(request, now, record.as_ref()), record.map(|r| r.token)));
     if let Some((Next::Answer(answer), _)) = first {
@@ -219,16 +223,21 @@ fn in_progress(stored: &Record) -> Answer {
 
 /// The record of (scope, key) through SPI, with the statement's snapshot.
 fn read_with_spi(client: &mut SpiClient<'_>, scope: &str, key: &str) -> Option<Record> {
-    let found = spi::run(client, &READ, &[scope.into(), key.into()]);
+    let found = spi::run(client, stored::read_statement(), &[scope.into(), key.into()]);
     (!found.is_empty()).then(|| Record::read(&found.first()))
 }
 
 /// The record of (scope, key) under the latest snapshot, which sees every commit so far:
 /// what a claim reads once it holds the key lock.
-fn read_latest(client: &mut SpiClient<'_>, scope: &str, key: &str) -> Option<Record> {
+fn read_latest(
+    client: &mut SpiClient<'_>,
+    scope: &str,
+    key: &str,
+    now: TimestampWithTimeZone,
+) -> Option<Record> {
     // SAFETY: pushed and popped around the read; an error's abort unwinds the stack.
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
-    let record = direct::read(Table::Keys, scope, key, READ.columns, |row| row.map(|row| Record::read(row)))
+    let record = direct::read(Table::Keys, scope, key, READ.columns, now, |row| row.map(Record::read))
         .unwrap_or_else(|| read_with_spi(client, scope, key));
     unsafe { pg_sys::PopActiveSnapshot() };
     record
@@ -263,8 +272,8 @@ fn claim_with_spi(
         match next {
             Next::Answer(answer) => return Ok(answer),
             Next::NewClaim => {
-                keylock::lock(scope, key);
-                let latest = read_latest(client, scope, key);
+                keylock::lock(keylock::Space::Keys, scope, key);
+                let latest = read_latest(client, scope, key, now);
                 if latest.as_ref().map(|r| r.token) != read_token {
                     if snapshot_is_kept() {
                         // The key changed after this transaction's snapshot, which cannot
@@ -291,9 +300,8 @@ fn claim_with_spi(
                     // SAFETY: raises 25006 in a read-only transaction, as the INSERT would.
                     unsafe { pg_sys::PreventCommandIfReadOnly(c"idem_claim".as_ptr()) };
                     deferred::hold(scope, key, claim);
-                } else if !write::create(client, &claim.record(scope, key, None), read_token) {
-                    // A writer that takes no key lock was first: read what it left.
-                    continue;
+                } else {
+                    write::create(client, &claim.record(scope, key, None), read_token);
                 }
                 return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
             }

@@ -169,12 +169,7 @@ pub(super) fn complete(scope: &str, key: &str, token: Uuid, done: Completion) ->
     if claim.token != token {
         return Some(Err(IdemError::NotOwner { scope: scope.to_string(), key: key.to_string() }));
     }
-    let written = Spi::connect_mut(|client| {
-        write::create(client, &claim.record(scope, key, Some(done)), claim.replaces)
-    });
-    if !written {
-        return Some(Err(IdemError::ClaimContended { scope: scope.to_string(), key: key.to_string() }));
-    }
+    Spi::connect_mut(|client| write::create(client, &claim.record(scope, key, Some(done)), claim.replaces));
     push(scope, key, None);
     Some(Ok(()))
 }
@@ -229,17 +224,7 @@ fn write_held() {
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
     Spi::connect_mut(|client| {
         for ((scope, key), claim) in &held {
-            if !write::create(client, &claim.record(scope, key, None), claim.replaces) {
-                // Only a writer that takes no key lock can have been first (errors.rs's
-                // ClaimContended, raised the way an error inside a callback must be).
-                let e = IdemError::ClaimContended { scope: scope.clone(), key: key.clone() };
-                pgrx::ereport!(
-                    PgLogLevel::ERROR,
-                    PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-                    e.message(),
-                    e.hint().unwrap_or_default()
-                );
-            }
+            write::create(client, &claim.record(scope, key, None), claim.replaces);
         }
     });
     unsafe { pg_sys::PopActiveSnapshot() };

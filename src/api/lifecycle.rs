@@ -9,23 +9,36 @@ use pgrx::pg_sys::{INT4OID, INTERVALOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, UUID
 use pgrx::prelude::*;
 
 use crate::api::deferred::{self, Completion};
+use crate::api::stored::{self, Record};
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::record::Status;
 use crate::spi::{self, get_not_null, Kind, Statement};
 use crate::{settings, validate, wakeup};
 
-// Each statement touches the row of (scope $1, key $2) only while token $3 owns it, it is
-// still in_progress and it has not expired.
+// Each statement touches the claim of (scope $1, key $2) only while token $3 owns it, it is
+// still in_progress and it has not expired. Claims in flight live in their own partition
+// (keys_claims, sql/bootstrap.sql), which in_claims!() keeps the statements to.
 
-// $1 scope, $2 key, $3 token, $4 response_status, $5 response_headers, $6 response_body, $7 now
+// $1 scope, $2 key, $3 token, $4 response_status, $5 response_headers, $6 response_body, $7 now.
+// The claim leaves keys_claims and its completed record goes to the partition of its expiry:
+// one delete and one insert (a takeover that waited on the claim finds it gone and reads again).
 static COMPLETE: Statement = Statement {
-    sql: "UPDATE idempotency.keys \
-          SET status = 'completed', locked_until = NULL, response_status = $4, \
-              response_headers = $5, response_body = $6, completed_at = $7, updated_at = $7 \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+    sql: concat!(
+        "WITH claim AS (DELETE FROM idempotency.keys WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
-            AND expires_at OPERATOR(pg_catalog.>) $7",
+            AND expires_at OPERATOR(pg_catalog.>) $7 \
+          RETURNING scope, key, fingerprint, token, attempts, recovery_point, recovery_data, \
+                    created_at, expires_at) \
+         INSERT INTO idempotency.keys \
+              (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point, \
+               recovery_data, response_status, response_headers, response_body, created_at, \
+               updated_at, completed_at, expires_at) \
+         SELECT scope, key, fingerprint, 'completed', token, attempts, NULL, recovery_point, \
+                recovery_data, $4, $5, $6, created_at, $7, $7, expires_at FROM claim"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, JSONBOID, JSONBOID, TIMESTAMPTZOID],
     kind: Kind::Write,
     columns: &[],
@@ -36,15 +49,19 @@ static COMPLETE: Statement = Statement {
 // was made with: every write of locked_until sets updated_at to the same now, so the
 // difference is that length (default_lease where there is none to read).
 static CHECKPOINT: Statement = Statement {
-    sql: "UPDATE idempotency.keys \
+    sql: concat!(
+        "UPDATE idempotency.keys \
           SET recovery_point = $4, recovery_data = $5, updated_at = $7, \
               locked_until = $7 OPERATOR(pg_catalog.+) COALESCE($6, \
                   CASE WHEN locked_until OPERATOR(pg_catalog.>) updated_at \
                        THEN locked_until OPERATOR(pg_catalog.-) updated_at END, $8) \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+          WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
             AND expires_at OPERATOR(pg_catalog.>) $7 \
-          RETURNING locked_until",
+          RETURNING locked_until"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, INTERVALOID, TIMESTAMPTZOID, INTERVALOID],
     kind: Kind::Write,
     columns: &["locked_until"],
@@ -52,22 +69,16 @@ static CHECKPOINT: Statement = Statement {
 
 // $1 scope, $2 key, $3 token, $4 now
 static RELEASE: Statement = Statement {
-    sql: "DELETE FROM idempotency.keys \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+    sql: concat!(
+        "DELETE FROM idempotency.keys WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 AND status OPERATOR(pg_catalog.=) 'in_progress' \
-            AND expires_at OPERATOR(pg_catalog.>) $4",
+            AND expires_at OPERATOR(pg_catalog.>) $4"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
     kind: Kind::Write,
     columns: &[],
-};
-
-// Why a fenced statement touched nothing. Runs after a write, so with a fresh snapshot.
-static DIAGNOSE: Statement = Statement {
-    sql: "SELECT token, status, expires_at FROM idempotency.keys \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
-    args: &[TEXTOID, TEXTOID],
-    kind: Kind::Read,
-    columns: &["token", "status", "expires_at"],
 };
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -214,19 +225,17 @@ fn why_not_owned(
     now: TimestampWithTimeZone,
 ) -> IdemError {
     let (scope_s, key_s) = (scope.to_string(), key.to_string());
-    let found = spi::run(client, &DIAGNOSE, &[scope.into(), key.into()]);
+    // Runs after a write, so with a fresh snapshot.
+    let found = spi::run(client, stored::read_statement(), &[scope.into(), key.into()]);
     if found.is_empty() {
         return IdemError::NoLiveRecord { scope: scope_s, key: key_s };
     }
-    let row = found.first();
-    let owner: Uuid = get_not_null(&row, &DIAGNOSE, "token");
-    let status: String = get_not_null(&row, &DIAGNOSE, "status");
-    let expires_at: TimestampWithTimeZone = get_not_null(&row, &DIAGNOSE, "expires_at");
-    if expires_at <= now {
+    let record = Record::read(&found.first());
+    if record.expires_at <= now {
         IdemError::NoLiveRecord { scope: scope_s, key: key_s }
-    } else if owner != token {
+    } else if record.token != token {
         IdemError::NotOwner { scope: scope_s, key: key_s }
-    } else if Status::parse(&status) == Some(Status::Completed) {
+    } else if record.status == Status::Completed {
         IdemError::AlreadyCompleted { scope: scope_s, key: key_s }
     } else {
         IdemError::NotOwner { scope: scope_s, key: key_s }

@@ -7,6 +7,7 @@ use pgrx::prelude::*;
 use pgrx::AllocatedByRust;
 
 use crate::api::deferred;
+use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::spi::{self, get, Kind, Statement};
 use crate::validate;
@@ -15,6 +16,20 @@ static LOOKUP: Statement = Statement {
     sql: "SELECT k FROM idempotency.keys AS k \
           WHERE k.scope OPERATOR(pg_catalog.=) $1 AND k.key OPERATOR(pg_catalog.=) $2 \
             AND k.expires_at OPERATOR(pg_catalog.>) $3",
+    args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID],
+    kind: Kind::Read,
+    columns: &["k"],
+};
+
+// LOOKUP while the table a 0.5.0 database kept its records in is there (same columns).
+static LOOKUP_WITH_LEGACY: Statement = Statement {
+    sql: "SELECT k FROM idempotency.keys AS k \
+          WHERE k.scope OPERATOR(pg_catalog.=) $1 AND k.key OPERATOR(pg_catalog.=) $2 \
+            AND k.expires_at OPERATOR(pg_catalog.>) $3 \
+          UNION ALL \
+          SELECT ROW(l.*)::idempotency.keys FROM idempotency.keys_legacy AS l \
+          WHERE l.scope OPERATOR(pg_catalog.=) $1 AND l.key OPERATOR(pg_catalog.=) $2 \
+            AND l.expires_at OPERATOR(pg_catalog.>) $3",
     args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID],
     kind: Kind::Read,
     columns: &["k"],
@@ -39,11 +54,12 @@ fn lookup(
         return Ok(Some(held));
     }
     Ok(Spi::connect_mut(|client| {
-        let found = spi::run(client, &LOOKUP, &[scope.into(), key.into(), now.into()]);
+        let lookup = if direct::legacy_exists(Table::Keys) { &LOOKUP_WITH_LEGACY } else { &LOOKUP };
+        let found = spi::run(client, lookup, &[scope.into(), key.into(), now.into()]);
         if found.is_empty() {
             None
         } else {
-            get(&found.first(), &LOOKUP, "k")
+            get(&found.first(), lookup, "k")
         }
     }))
 }

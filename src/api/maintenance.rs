@@ -18,33 +18,60 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::deployment::{self, Deployment, PerDeployment};
+use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::jsonb::Jsonb;
 use crate::spi::{self, get, get_datum, get_not_null, Kind, Statement};
 use crate::{settings, validate, wakeup};
 
-/// A statement that picks rows ($1 a time: a cut-off or now(); at most $2 rows), in both forms: on one server
-/// it locks the rows it picks and skips those that others hold (so it runs as a write); on
-/// Citus it picks without locking (a read). `FOR UPDATE SKIP LOCKED` goes between `head`
-/// and `tail`.
+/// A statement that picks rows ($1 a time: a cut-off or now(); at most $2 rows; $3 and $4
+/// the span of the periods, for `Part::only`), in both forms: on one server it locks the rows
+/// it picks and skips those that others hold (so it runs as a write); on Citus it picks
+/// without locking (a read). `FOR UPDATE SKIP LOCKED` goes between `head` and `tail`.
 fn picking(head: String, tail: &str, columns: &'static [&'static str]) -> PerDeployment {
     let form = |lock: &str, kind: Kind| Statement {
         sql: format!("{head}{lock}{tail}").leak(),
-        args: &[TIMESTAMPTZOID, INT8OID],
+        args: &[TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID],
         kind,
         columns,
     };
     PerDeployment { one_server: form(" FOR UPDATE SKIP LOCKED", Kind::Write), citus: form("", Kind::Read) }
 }
 
-/// A table that is swept: its name, and the column that names a row within its scope.
-struct Table {
-    name: &'static str,
+/// What is swept row by row (src/layout.rs, docs/operations.md#partitions): the claims in
+/// flight, the records past the periods (the far partitions, and the table of a database
+/// updated from 0.5.0 while it is there). Periods are dropped whole by
+/// idempotency.partitions_maintain(), never swept. Each part is reached through its table,
+/// whose privileges and row-level security apply, with a condition that keeps the planner to
+/// the partition: `only`, where {lo} and {hi} stand for the span of the periods (the
+/// earliest lower and the latest upper bound, 'infinity' for both when there is none).
+struct Part {
+    table: &'static str,
+    /// The column that names a row within its scope.
     id: &'static str,
+    only: &'static str,
 }
 
-static KEYS: Table = Table { name: "idempotency.keys", id: "key" };
-static MESSAGES: Table = Table { name: "idempotency.messages", id: "message_id" };
+static CLAIMS: Part = Part { table: "idempotency.keys", id: "key", only: in_claims!() };
+static KEYS_FAR: Part = Part {
+    table: "idempotency.keys",
+    id: "key",
+    only: concat!(
+        keys_partition_key!(),
+        " OPERATOR(pg_catalog.>) '-infinity'::pg_catalog.timestamptz AND (",
+        keys_partition_key!(),
+        " OPERATOR(pg_catalog.<) {lo} OR ",
+        keys_partition_key!(),
+        " OPERATOR(pg_catalog.>=) {hi})"
+    ),
+};
+static MESSAGES_FAR: Part = Part {
+    table: "idempotency.messages",
+    id: "message_id",
+    only: "(expires_at OPERATOR(pg_catalog.<) {lo} OR expires_at OPERATOR(pg_catalog.>=) {hi})",
+};
+static KEYS_LEGACY: Part = Part { table: "idempotency.keys_legacy", id: "key", only: "true" };
+static MESSAGES_LEGACY: Part = Part { table: "idempotency.messages_legacy", id: "message_id", only: "true" };
 
 /// What a sweep does to the rows it picked.
 enum Change {
@@ -53,26 +80,29 @@ enum Change {
     DropResponse,
 }
 
-/// Sweeping a table is two statements so that each batch costs its own size, not the
+/// Sweeping a part is two statements so that each batch costs its own size, not the
 /// backlog's: `pick` at most $2 rows of `filter` ($1 is the cut-off, now() without
 /// tombstones), then `apply` the change to exactly those by primary key ($1 scopes, $2 keys
-/// or message ids, $3 the cut-off), if they still match and are still past the cut-off.
+/// or message ids, $3 the cut-off, $4 and $5 the span of the periods), if they still match and
+/// are still past the cut-off.
 struct Sweep {
     pick: PerDeployment,
     apply: PerDeployment,
 }
 
 impl Sweep {
-    /// The one template of every sweep, for both tables and both deployments: `pick` the
-    /// rows of `table` that match `filter`, in `order`; `apply` makes `change` to those that
+    /// The one template of every sweep, for every part and both deployments: `pick` the
+    /// rows of `part` that match `filter`, in `order`; `apply` makes `change` to those that
     /// still match `also` (what it re-checks of `filter` besides the cut-off, on the row `t`).
     /// On Citus, `scope = ANY($1)` lets `apply` go only to the shards of the batch.
-    fn new(table: &Table, filter: &str, order: &str, change: Change, also: &str) -> Sweep {
-        let (name, id) = (table.name, table.id);
+    fn new(part: &Part, filter: &str, order: &str, change: Change, also: &str) -> Sweep {
+        let (name, id) = (part.table, part.id);
+        let only_pick = part.only.replace("{lo}", "$3").replace("{hi}", "$4");
+        let only_apply = part.only.replace("{lo}", "$4").replace("{hi}", "$5");
         let pick = picking(
             format!(
                 "SELECT pg_catalog.array_agg(scope) AS scopes, pg_catalog.array_agg({id}) AS ids \
-                 FROM (SELECT scope, {id} FROM {name} WHERE {filter} ORDER BY {order} LIMIT $2"
+                 FROM (SELECT scope, {id} FROM {name} WHERE {only_pick} AND {filter} ORDER BY {order} LIMIT $2"
             ),
             ") AS picked",
             &["scopes", "ids"],
@@ -87,12 +117,12 @@ impl Sweep {
         let apply = |shards: &str| Statement {
             sql: format!(
                 "{change} ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS picked(scope, id) \
-                 WHERE {shards}t.scope OPERATOR(pg_catalog.=) picked.scope \
+                 WHERE {shards}{only_apply} AND t.scope OPERATOR(pg_catalog.=) picked.scope \
                    AND t.{id} OPERATOR(pg_catalog.=) picked.id{also} \
                    AND t.expires_at OPERATOR(pg_catalog.<=) $3"
             )
             .leak(),
-            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID],
+            args: &[TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
             kind: Kind::Write,
             columns: &[],
         };
@@ -105,56 +135,56 @@ impl Sweep {
         }
     }
 
-    /// Deletes the rows of `table` that expired by the cut-off.
-    fn expired(table: &Table) -> Sweep {
-        Sweep::new(table, "expires_at OPERATOR(pg_catalog.<=) $1", "expires_at", Change::Delete, "")
+    /// Deletes the rows of `part` that expired by the cut-off.
+    fn expired(part: &Part) -> Sweep {
+        Sweep::new(part, "expires_at OPERATOR(pg_catalog.<=) $1", "expires_at", Change::Delete, "")
     }
 }
 
 // The statements are built once per backend, on first use.
-static SWEEP_KEYS: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&KEYS));
-static SWEEP_MESSAGES: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&MESSAGES));
+static SWEEP_CLAIMS: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&CLAIMS));
+static SWEEP_KEYS_FAR: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&KEYS_FAR));
+static SWEEP_MESSAGES_FAR: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&MESSAGES_FAR));
+static SWEEP_KEYS_LEGACY: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&KEYS_LEGACY));
+static SWEEP_MESSAGES_LEGACY: LazyLock<Sweep> = LazyLock::new(|| Sweep::expired(&MESSAGES_LEGACY));
 
-// Tombstones on (idempotency.tombstone_ttl). SWEEP_KEYS with the cut-off now() - tombstone_ttl
-// deletes the tombstones past their end (and every other record expired that long ago); the
-// two below finish the job: claims that expired in_progress leave no tombstone, and completed
-// records that expired drop their response (and checkpoint), keeping what a tombstone answers
-// with: fingerprint, status, token, attempts, response_status and the times.
-
-static SWEEP_EXPIRED_CLAIMS: LazyLock<Sweep> = LazyLock::new(|| {
-    Sweep::new(
-        &KEYS,
-        "status OPERATOR(pg_catalog.=) 'in_progress' AND locked_until IS NOT NULL \
-         AND expires_at OPERATOR(pg_catalog.<=) $1",
-        "locked_until",
-        Change::Delete,
-        " AND t.status OPERATOR(pg_catalog.=) 'in_progress'",
-    )
-});
+// Tombstones on (idempotency.tombstone_ttl). The expired sweeps with the cut-off
+// now() - tombstone_ttl delete the tombstones past their end (and every other record expired
+// that long ago); the two below finish the job: claims that expired in_progress leave no
+// tombstone, and completed records past the periods that expired drop their response (and
+// checkpoint), keeping what a tombstone answers with: fingerprint, status, token, attempts,
+// response_status and the times. (A period keeps its responses until it is dropped; its
+// claims answer `expired` without them.)
 
 // Picks through keys_responses_idx (its predicate is spelled the same), so the tombstones
 // already made are not stepped over.
-static MAKE_TOMBSTONES: LazyLock<Sweep> = LazyLock::new(|| {
+static MAKE_TOMBSTONES: LazyLock<Sweep> = LazyLock::new(|| make_tombstones(&KEYS_FAR));
+static MAKE_TOMBSTONES_LEGACY: LazyLock<Sweep> = LazyLock::new(|| make_tombstones(&KEYS_LEGACY));
+
+fn make_tombstones(part: &Part) -> Sweep {
     Sweep::new(
-        &KEYS,
+        part,
         "(response_body IS NOT NULL OR response_headers IS NOT NULL) \
          AND expires_at OPERATOR(pg_catalog.<=) $1",
         "expires_at",
         Change::DropResponse,
         " AND t.status OPERATOR(pg_catalog.=) 'completed'",
     )
-});
+}
 
 /// Live in_progress claims whose lease ended, oldest lease first; $1 now, $2 max rows.
 /// RELEASE_STALE and TAKE_OVER_STALE re-check them under the row lock.
 static STALE: LazyLock<PerDeployment> = LazyLock::new(|| {
     picking(
-        "SELECT scope, key, token, attempts FROM idempotency.keys \
-         WHERE status OPERATOR(pg_catalog.=) 'in_progress' \
+        concat!(
+            "SELECT scope, key, token, attempts FROM idempotency.keys WHERE ",
+            in_claims!(),
+            " AND status OPERATOR(pg_catalog.=) 'in_progress' \
            AND locked_until OPERATOR(pg_catalog.<=) $1 \
            AND expires_at OPERATOR(pg_catalog.>) $1 \
          ORDER BY locked_until LIMIT $2"
-            .to_string(),
+        )
+        .to_string(),
         "",
         &["scope", "key", "token", "attempts"],
     )
@@ -163,13 +193,16 @@ static STALE: LazyLock<PerDeployment> = LazyLock::new(|| {
 // The same on every deployment (each touches one scope, so one shard on Citus): while
 // (scope $1, key $2) is still the stale claim of token $3 at time $4, release it ...
 static RELEASE_STALE: Statement = Statement {
-    sql: "DELETE FROM idempotency.keys \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+    sql: concat!(
+        "DELETE FROM idempotency.keys WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 \
             AND status OPERATOR(pg_catalog.=) 'in_progress' \
             AND locked_until OPERATOR(pg_catalog.<=) $4 \
             AND expires_at OPERATOR(pg_catalog.>) $4 \
-          RETURNING recovery_point, recovery_data",
+          RETURNING recovery_point, recovery_data"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID],
     kind: Kind::Write,
     columns: &["recovery_point", "recovery_data"],
@@ -177,13 +210,16 @@ static RELEASE_STALE: Statement = Statement {
 
 // ... or take it over: $5 new token, $6 attempts, $7 locked_until.
 static TAKE_OVER_STALE: Statement = Statement {
-    sql: "UPDATE idempotency.keys SET token = $5, attempts = $6, locked_until = $7, updated_at = $4 \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+    sql: concat!(
+        "UPDATE idempotency.keys SET token = $5, attempts = $6, locked_until = $7, updated_at = $4 WHERE ",
+        in_claims!(),
+        " AND scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
             AND token OPERATOR(pg_catalog.=) $3 \
             AND status OPERATOR(pg_catalog.=) 'in_progress' \
             AND locked_until OPERATOR(pg_catalog.<=) $4 \
             AND expires_at OPERATOR(pg_catalog.>) $4 \
-          RETURNING recovery_point, recovery_data",
+          RETURNING recovery_point, recovery_data"
+    ),
     args: &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID, UUIDOID, INT4OID, TIMESTAMPTZOID],
     kind: Kind::Write,
     columns: &["recovery_point", "recovery_data"],
@@ -235,17 +271,114 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     spi::require_primary("idem_sweep")?;
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
+        spi::run(client, &MAINTAIN_PARTITIONS, &[]);
         let tables = deployment::tables(client);
-        let keys = match settings::tombstone_ttl() {
-            None => sweep_table(client, &SWEEP_KEYS, tables.keys, now, budget),
-            Some(ttl) => sweep_keys_keeping_tombstones(client, tables.keys, now, ttl, budget),
-        };
-        if keys >= budget {
-            return keys;
+        let keys_span = span(client, "idempotency.keys");
+        let messages_span = span(client, "idempotency.messages");
+        let legacy_keys = direct::legacy_exists(Table::Keys);
+        let legacy_messages = direct::legacy_exists(Table::Messages);
+        let tombstones = settings::tombstone_ttl();
+        let kept = tombstones.map_or(now, |ttl| now - ttl);
+        // (what, cut-off, span): claims leave no tombstone; past the periods, tombstones are
+        // deleted once they end, completed records dropping their response when they expire.
+        let mut sweeps: Vec<(&'static Sweep, TimestampWithTimeZone, Span)> =
+            vec![(&SWEEP_CLAIMS, now, keys_span), (&SWEEP_KEYS_FAR, kept, keys_span)];
+        if tombstones.is_some() {
+            sweeps.push((&MAKE_TOMBSTONES, now, keys_span));
         }
-        let messages = keys + sweep_table(client, &SWEEP_MESSAGES, tables.messages, now, budget - keys);
-        messages + sweep_outbound(client, budget - messages)
+        if legacy_keys {
+            sweeps.push((&SWEEP_KEYS_LEGACY, kept, keys_span));
+            if tombstones.is_some() {
+                sweeps.push((&MAKE_TOMBSTONES_LEGACY, now, keys_span));
+            }
+        }
+        sweeps.push((&SWEEP_MESSAGES_FAR, now, messages_span));
+        if legacy_messages {
+            sweeps.push((&SWEEP_MESSAGES_LEGACY, now, messages_span));
+        }
+        let mut done = 0;
+        for (sweep, cut_off, span) in sweeps {
+            if done >= budget {
+                return done;
+            }
+            let deployment = if sweep.pick.one_server.sql.contains("messages") { tables.messages } else { tables.keys };
+            done += sweep_part(client, sweep, deployment, cut_off, span, budget - done);
+        }
+        for (legacy, statement) in [(legacy_keys, &MOVE_KEYS_LEGACY), (legacy_messages, &MOVE_MESSAGES_LEGACY)] {
+            if legacy && done < budget {
+                move_legacy(client, statement, now, budget - done);
+            }
+        }
+        done + sweep_outbound(client, budget - done)
     }))
+}
+
+/// The partitions made ahead and dropped behind, first (sql/partitions.sql).
+static MAINTAIN_PARTITIONS: Statement = Statement {
+    sql: "SELECT pg_catalog.count(*) AS steps FROM idempotency.partitions_maintain()",
+    args: &[],
+    kind: Kind::Write,
+    columns: &["steps"],
+};
+
+/// The earliest lower and the latest upper bound of a table's periods ('infinity' for both
+/// when it has none): what `Part::only` keeps a sweep of the far partition out of.
+type Span = (TimestampWithTimeZone, TimestampWithTimeZone);
+
+static SPAN: Statement = Statement {
+    sql: "SELECT COALESCE(pg_catalog.min(lower_bound), 'infinity') AS lo, \
+                 COALESCE(pg_catalog.max(upper_bound), 'infinity') AS hi \
+          FROM idempotency.partition_bounds($1::pg_catalog.regclass) \
+          WHERE NOT is_default AND lower_bound IS NOT NULL",
+    args: &[TEXTOID],
+    kind: Kind::Read,
+    columns: &["lo", "hi"],
+};
+
+fn span(client: &mut SpiClient<'_>, table: &str) -> Span {
+    let row = spi::run(client, &SPAN, &[table.into()]).first();
+    (get_not_null(&row, &SPAN, "lo"), get_not_null(&row, &SPAN, "hi"))
+}
+
+// A database updated from 0.5.0: its live records move from the table they were kept in
+// into the partitions, at most $2 a sweep, latest expiry first ($1 now). Expired ones are
+// only deleted (the sweeps above): a claim may be replacing one. A live record is never
+// replaced, so moving it needs no key lock; a read sees it in one table or the other.
+static MOVE_KEYS_LEGACY: Statement = Statement {
+    sql: "WITH moved AS (DELETE FROM idempotency.keys_legacy AS l \
+                         USING (SELECT scope, key FROM idempotency.keys_legacy \
+                                 WHERE expires_at OPERATOR(pg_catalog.>) $1 \
+                                 ORDER BY expires_at DESC LIMIT $2 FOR UPDATE SKIP LOCKED) AS p \
+                         WHERE l.scope OPERATOR(pg_catalog.=) p.scope AND l.key OPERATOR(pg_catalog.=) p.key \
+                           AND l.expires_at OPERATOR(pg_catalog.>) $1 \
+                         RETURNING l.*) \
+          INSERT INTO idempotency.keys SELECT * FROM moved",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+    columns: &[],
+};
+
+static MOVE_MESSAGES_LEGACY: Statement = Statement {
+    sql: "WITH moved AS (DELETE FROM idempotency.messages_legacy AS l \
+                         USING (SELECT scope, message_id FROM idempotency.messages_legacy \
+                                 WHERE expires_at OPERATOR(pg_catalog.>) $1 \
+                                 ORDER BY expires_at DESC LIMIT $2 FOR UPDATE SKIP LOCKED) AS p \
+                         WHERE l.scope OPERATOR(pg_catalog.=) p.scope \
+                           AND l.message_id OPERATOR(pg_catalog.=) p.message_id \
+                           AND l.expires_at OPERATOR(pg_catalog.>) $1 \
+                         RETURNING l.*) \
+          INSERT INTO idempotency.messages SELECT * FROM moved",
+    args: &[TIMESTAMPTZOID, INT8OID],
+    kind: Kind::Write,
+    columns: &[],
+};
+
+fn move_legacy(client: &mut SpiClient<'_>, statement: &'static Statement, now: TimestampWithTimeZone, budget: i64) {
+    spi::run(client, statement, &[now.into(), budget.into()]);
+    let moved = spi::processed();
+    if moved > 0 {
+        pgrx::notice!("idem_sweep: moved {moved} live records into the partitions ({})", statement.sql.split_whitespace().nth(4).unwrap_or(""));
+    }
 }
 
 /// The sending side's rows: sql/send.sql's send_sweep, shared with the portable edition.
@@ -261,43 +394,23 @@ fn sweep_outbound(client: &mut SpiClient<'_>, budget: i64) -> i64 {
     spi::get::<i64>(&result, &SWEEP_OUTBOUND, "deleted").unwrap_or(0)
 }
 
-fn sweep_table(
+fn sweep_part(
     client: &mut SpiClient<'_>,
     sweep: &'static Sweep,
     deployment: Deployment,
-    now: TimestampWithTimeZone,
+    cut_off: TimestampWithTimeZone,
+    (lo, hi): Span,
     budget: i64,
 ) -> i64 {
     let pick = sweep.pick.on(deployment);
-    let picked = spi::run(client, pick, &[now.into(), budget.into()]).first();
+    let picked = spi::run(client, pick, &[cut_off.into(), budget.into(), lo.into(), hi.into()]).first();
     // The arrays stay SPI's datums: they only go back into the next statement.
     let (Some(scopes), Some(ids)) = (get_datum(&picked, pick, "scopes"), get_datum(&picked, pick, "ids"))
     else {
         return 0; // nothing expired
     };
-    spi::run(client, sweep.apply.on(deployment), &[scopes, ids, now.into()]);
+    spi::run(client, sweep.apply.on(deployment), &[scopes, ids, cut_off.into(), lo.into(), hi.into()]);
     spi::processed() as i64
-}
-
-/// Rows deleted or turned into tombstones, at most `budget`: tombstones past their end
-/// first, then claims that expired in_progress, then completed records that expired.
-fn sweep_keys_keeping_tombstones(
-    client: &mut SpiClient<'_>,
-    deployment: Deployment,
-    now: TimestampWithTimeZone,
-    tombstone_ttl: Interval,
-    budget: i64,
-) -> i64 {
-    let mut done = 0;
-    for (sweep, cut_off) in
-        [(&SWEEP_KEYS, now - tombstone_ttl), (&SWEEP_EXPIRED_CLAIMS, now), (&MAKE_TOMBSTONES, now)]
-    {
-        if done >= budget {
-            break;
-        }
-        done += sweep_table(client, sweep, deployment, cut_off, budget - done);
-    }
-    done
 }
 
 fn reclaim_stale(

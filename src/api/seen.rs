@@ -1,36 +1,99 @@
 //! idem_seen: de-duplication for at-least-once message consumers.
 //! A duplicate is answered from a read, with nothing written and no transaction id taken.
-//! idem_seen_many does the same for a batch, in one statement.
+//! idem_seen_many does the same for a batch.
+//!
+//! A message id seen for the first time is recorded under its lock (src/keylock.rs, the
+//! space of message ids), after a second read under the latest snapshot: messages are kept
+//! in time partitions (0.6.0), so two first sightings of one id could otherwise go to two
+//! partitions. A delivery that waited for another transaction's sighting of the id answers
+//! false once that one committed. A batch locks its new ids in byte order, so two batches
+//! that share ids wait instead of deadlocking; it holds one lock per new id until its
+//! transaction ends (docs/operations.md says how many the lock table holds).
 
 use std::collections::HashSet;
 
 use pgrx::datum::{Interval, TimestampWithTimeZone};
-use pgrx::pg_sys::{TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID};
+use pgrx::pg_sys::{self, TEXTARRAYOID, TEXTOID, TIMESTAMPTZOID};
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 use pgrx::Array;
 
 use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
+use crate::keylock::{self, Space};
 use crate::spi::{self, get_not_null, Kind, Statement};
 use crate::{settings, validate};
 
+// The id's latest record (a partition about to be dropped may still hold an older one).
 static READ: Statement = Statement {
     sql: "SELECT expires_at FROM idempotency.messages \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2",
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2 \
+          ORDER BY expires_at DESC LIMIT 1",
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
     columns: &["expires_at"],
 };
 
-// $1 scope, $2 message_id, $3 now, $4 expires_at. An expired row counts as never seen.
-// Behind another open transaction's insert of the same id this waits on the unique index,
-// then touches nothing if that transaction committed.
+static READ_WITH_LEGACY: Statement = Statement {
+    sql: "SELECT expires_at FROM (\
+            SELECT expires_at FROM idempotency.messages \
+             WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2 \
+            UNION ALL \
+            SELECT expires_at FROM idempotency.messages_legacy \
+             WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) $2) AS r \
+          ORDER BY expires_at DESC LIMIT 1",
+    args: &[TEXTOID, TEXTOID],
+    kind: Kind::Read,
+    columns: &["expires_at"],
+};
+
+// $1 scope, $2 ids, $3 now: the ids of the batch with a live record.
+static LIVE: Statement = Statement {
+    sql: "SELECT message_id FROM idempotency.messages \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.>) $3",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Read,
+    columns: &["message_id"],
+};
+
+static LIVE_WITH_LEGACY: Statement = Statement {
+    sql: "SELECT message_id FROM idempotency.messages \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.>) $3 \
+          UNION ALL \
+          SELECT message_id FROM idempotency.messages_legacy \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.>) $3",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Read,
+    columns: &["message_id"],
+};
+
+// $1 scope, $2 ids, $3 now: the expired records of ids about to be recorded, wherever they are.
+static DELETE_EXPIRED: Statement = Statement {
+    sql: "DELETE FROM idempotency.messages \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.<=) $3",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+    columns: &[],
+};
+
+static DELETE_EXPIRED_LEGACY: Statement = Statement {
+    sql: "DELETE FROM idempotency.messages_legacy \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
+            AND expires_at OPERATOR(pg_catalog.<=) $3",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+    columns: &[],
+};
+
+// $1 scope, $2 the new ids, $3 now, $4 expires_at.
 static RECORD: Statement = Statement {
-    sql: "INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at) \
-          VALUES ($1, $2, $3, $4) \
-          ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = $3, expires_at = $4 \
-          WHERE m.expires_at OPERATOR(pg_catalog.<=) $3",
-    args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+    sql: "INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at) \
+          SELECT $1, id, $3, $4 FROM pg_catalog.unnest($2) AS id",
+    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
     kind: Kind::Write,
     columns: &[],
 };
@@ -46,54 +109,93 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
     let ttl = validate::interval_arg("ttl", ttl, settings::default_ttl)?;
     spi::require_primary("idem_seen")?;
     let now = spi::now();
-    let expires_at = now + ttl;
-    let live = |live_until: TimestampWithTimeZone| live_until > now;
-    // Some(found) when the direct read was taken; through SPI, the read and the write share
-    // one connection.
-    let direct = direct::read(Table::Messages, scope, message_id, READ.columns, |row| {
+    let live = |expiry: &Option<TimestampWithTimeZone>| expiry.is_some_and(|e| e > now);
+    // Some(expiry) when the direct read was taken.
+    let direct = direct::read(Table::Messages, scope, message_id, READ.columns, now, |row| {
         row.map(|row| get_not_null::<TimestampWithTimeZone>(row, &READ, "expires_at"))
     });
-    if direct.flatten().is_some_and(live) {
+    if direct.as_ref().is_some_and(live) {
         return Ok(false);
     }
-    Ok(Spi::connect_mut(|client| {
-        if direct.is_none() {
-            let found = spi::run(client, &READ, &[scope.into(), message_id.into()]);
-            if !found.is_empty() && live(get_not_null(&found.first(), &READ, "expires_at")) {
-                return false;
+    Spi::connect_mut(|client| {
+        let first = match direct {
+            Some(expiry) => expiry,
+            None => read_with_spi(client, scope, message_id),
+        };
+        if live(&first) {
+            return Ok(false);
+        }
+        keylock::lock(Space::Messages, scope, message_id);
+        let latest = read_latest(client, scope, message_id, now);
+        if latest != first {
+            if snapshot_is_kept() {
+                return Err(IdemError::ConcurrentChange { deleted: latest.is_none() });
+            }
+            if live(&latest) {
+                return Ok(false);
             }
         }
-        spi::run(client, &RECORD, &[scope.into(), message_id.into(), now.into(), expires_at.into()]);
-        spi::processed() == 1
-    }))
+        record(client, scope, &[message_id], now, now + ttl, latest.is_some());
+        Ok(true)
+    })
 }
 
-// $1 scope, $2 the batch's distinct ids in byte order, $3 now, $4 expires_at. Returns the
-// ids recorded now: those with no live row (none, or an expired one). One statement that
-// looks first and writes only what it did not find, so a batch of duplicates writes nothing
-// and takes no transaction id. The look-up is one primary-key lookup per id: a subquery that
-// OFFSET 0 keeps from being turned into a join, because a join with the array is planned
-// once per backend, and a plan made while the table was small can scan the whole scope and
-// test each row against the array, slower with every batch recorded. The rows are inserted
-// in the order of $2 (a function scan keeps it): two batches that share ids lock them in the
-// same order, so one waits for the other instead of deadlocking. An id that another
-// transaction recorded meanwhile is not returned. The conflict arm reads EXCLUDED, not $3 / $4:
-// Citus runs it on the shards without the statement's parameters (42P02, 42P18 otherwise).
-static RECORD_MANY: Statement = Statement {
-    sql: "INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at) \
-          SELECT $1, id, $3, $4 FROM pg_catalog.unnest($2) AS id \
-          WHERE NOT EXISTS (SELECT FROM idempotency.messages AS live \
-                            WHERE live.scope OPERATOR(pg_catalog.=) $1 \
-                              AND live.message_id OPERATOR(pg_catalog.=) id \
-                              AND live.expires_at OPERATOR(pg_catalog.>) $3 OFFSET 0) \
-          ON CONFLICT (scope, message_id) \
-          DO UPDATE SET seen_at = EXCLUDED.seen_at, expires_at = EXCLUDED.expires_at \
-          WHERE m.expires_at OPERATOR(pg_catalog.<=) EXCLUDED.seen_at \
-          RETURNING m.message_id",
-    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
-    kind: Kind::LookThenWrite,
-    columns: &["message_id"],
-};
+fn read_statement() -> &'static Statement {
+    if direct::legacy_exists(Table::Messages) {
+        &READ_WITH_LEGACY
+    } else {
+        &READ
+    }
+}
+
+fn read_with_spi(client: &mut SpiClient<'_>, scope: &str, message_id: &str) -> Option<TimestampWithTimeZone> {
+    let statement = read_statement();
+    let found = spi::run(client, statement, &[scope.into(), message_id.into()]);
+    (!found.is_empty()).then(|| get_not_null(&found.first(), statement, "expires_at"))
+}
+
+/// The id's record under the latest snapshot (what a sighting reads once it holds the lock).
+fn read_latest(
+    client: &mut SpiClient<'_>,
+    scope: &str,
+    message_id: &str,
+    now: TimestampWithTimeZone,
+) -> Option<TimestampWithTimeZone> {
+    // SAFETY: pushed and popped around the read; an error's abort unwinds the stack.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
+    let found = direct::read(Table::Messages, scope, message_id, READ.columns, now, |row| {
+        row.map(|row| get_not_null::<TimestampWithTimeZone>(row, &READ, "expires_at"))
+    })
+    .unwrap_or_else(|| read_with_spi(client, scope, message_id));
+    unsafe { pg_sys::PopActiveSnapshot() };
+    found
+}
+
+/// REPEATABLE READ or SERIALIZABLE: the transaction's snapshot is kept for all its reads.
+fn snapshot_is_kept() -> bool {
+    // SAFETY: a plain read of the transaction's isolation level.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Records `ids` (locked, none live), deleting their expired records first when `expired`
+/// says there may be some.
+fn record(
+    client: &mut SpiClient<'_>,
+    scope: &str,
+    ids: &[&str],
+    now: TimestampWithTimeZone,
+    expires_at: TimestampWithTimeZone,
+    expired: bool,
+) {
+    let ids = ids.to_vec();
+    if expired {
+        spi::run(client, &DELETE_EXPIRED, &[scope.into(), ids.clone().into(), now.into()]);
+        if direct::legacy_exists(Table::Messages) {
+            spi::run(client, &DELETE_EXPIRED_LEGACY, &[scope.into(), ids.clone().into(), now.into()]);
+        }
+    }
+    spi::run(client, &RECORD, &[scope.into(), ids.into(), now.into(), expires_at.into()]);
+}
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_seen_many(
@@ -118,13 +220,36 @@ fn seen_many(
         return Ok(Vec::new());
     }
     let now = spi::now();
-    let expires_at = now + ttl;
     let distinct = in_lock_order(&ids);
     let recorded: HashSet<String> = Spi::connect_mut(|client| {
-        spi::run(client, &RECORD_MANY, &[scope.into(), distinct.into(), now.into(), expires_at.into()])
-            .map(|row| get_not_null::<String>(&row, &RECORD_MANY, "message_id"))
-            .collect()
-    });
+        let live = |client: &mut SpiClient<'_>| -> HashSet<String> {
+            let statement =
+                if direct::legacy_exists(Table::Messages) { &LIVE_WITH_LEGACY } else { &LIVE };
+            spi::run(client, statement, &[scope.into(), distinct.clone().into(), now.into()])
+                .map(|row| get_not_null::<String>(&row, statement, "message_id"))
+                .collect()
+        };
+        let first = live(client);
+        let new: Vec<&str> = distinct.iter().copied().filter(|id| !first.contains(*id)).collect();
+        if new.is_empty() {
+            return Ok(HashSet::new());
+        }
+        for id in &new {
+            keylock::lock(Space::Messages, scope, id);
+        }
+        // SAFETY: pushed and popped around the read; an error's abort unwinds the stack.
+        unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
+        let latest = live(client);
+        unsafe { pg_sys::PopActiveSnapshot() };
+        let still_new: Vec<&str> = new.iter().copied().filter(|id| !latest.contains(*id)).collect();
+        if still_new.len() != new.len() && snapshot_is_kept() {
+            return Err(IdemError::ConcurrentChange { deleted: false });
+        }
+        if !still_new.is_empty() {
+            record(client, scope, &still_new, now, now + ttl, true);
+        }
+        Ok(still_new.into_iter().map(str::to_string).collect())
+    })?;
     Ok(first_sightings(&ids, |id| recorded.contains(id)))
 }
 

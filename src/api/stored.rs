@@ -9,28 +9,74 @@ use crate::jsonb::Jsonb;
 use crate::record::Status;
 use crate::spi::{get, get_not_null, Columns, Kind, Statement};
 
-/// The record of (scope $1, key $2), every column a claim decides on.
+/// The columns a claim decides on, in the order READ gives them.
+macro_rules! record_columns {
+    () => {
+        "fingerprint, status, token, attempts, locked_until, expires_at, response_status, \
+         response_headers, response_body, recovery_point, recovery_data"
+    };
+}
+
+/// The record of (scope $1, key $2), every column a claim decides on. A key has at most one
+/// record in the partitions a claim reads; one whose partition is about to be dropped may
+/// still be there, expired: the latest expiry is the record.
 pub(super) static READ: Statement = Statement {
-    sql: "SELECT fingerprint, status, token, attempts, locked_until, expires_at, \
-                 response_status, response_headers, response_body, recovery_point, recovery_data \
-          FROM idempotency.keys \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
+    sql: concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idempotency.keys \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+          ORDER BY expires_at DESC LIMIT 1"
+    ),
     args: &[TEXTOID, TEXTOID],
     kind: Kind::Read,
-    columns: &[
-        "fingerprint",
-        "status",
-        "token",
-        "attempts",
-        "locked_until",
-        "expires_at",
-        "response_status",
-        "response_headers",
-        "response_body",
-        "recovery_point",
-        "recovery_data",
-    ],
+    columns: COLUMNS,
 };
+
+/// READ, while the table a 0.5.0 database kept its records in is there (they move into the
+/// partitions as idem_sweep goes; sql/idempotency--0.5.0--0.6.0.sql).
+pub(super) static READ_WITH_LEGACY: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM (SELECT ",
+        record_columns!(),
+        " FROM idempotency.keys \
+                 WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+                UNION ALL SELECT ",
+        record_columns!(),
+        " FROM idempotency.keys_legacy \
+                 WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2) AS r \
+          ORDER BY expires_at DESC LIMIT 1"
+    ),
+    args: &[TEXTOID, TEXTOID],
+    kind: Kind::Read,
+    columns: COLUMNS,
+};
+
+const COLUMNS: &[&str] = &[
+    "fingerprint",
+    "status",
+    "token",
+    "attempts",
+    "locked_until",
+    "expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "recovery_point",
+    "recovery_data",
+];
+
+/// The statement that reads a record now: READ, or READ_WITH_LEGACY while there is a
+/// legacy table.
+pub(super) fn read_statement() -> &'static Statement {
+    if crate::direct::legacy_exists(crate::direct::Table::Keys) {
+        &READ_WITH_LEGACY
+    } else {
+        &READ
+    }
+}
 
 /// One record, copied out of wherever it was read.
 pub(super) struct Record {

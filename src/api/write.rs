@@ -11,7 +11,7 @@ use crate::jsonb::Jsonb;
 use crate::record::Status;
 use crate::spi::{self, Kind, Statement};
 
-// The columns, in the order of the parameters $1 .. $16.
+// The columns, in the order of INSERT's parameters $1 .. $16.
 const ARGS: &[pgrx::pg_sys::Oid] = &[
     TEXTOID,        // $1 scope
     TEXTOID,        // $2 key
@@ -29,33 +29,40 @@ const ARGS: &[pgrx::pg_sys::Oid] = &[
     TIMESTAMPTZOID, // $14 updated_at
     TIMESTAMPTZOID, // $15 completed_at
     TIMESTAMPTZOID, // $16 expires_at
-    UUIDOID,        // $17 (REPLACE only) the token of the expired record replaced
 ];
 
-// ON CONFLICT: only a writer that does not take the key lock (a session still running an
-// older release's library, a hand-made INSERT) can be there first; the caller then reads again.
+// The caller holds the key lock and found no live record, so no other row of the key can be
+// in the partition this one goes to: a row that a session without the key lock wrote (an
+// older release's library, a hand-made INSERT) fails it with 23505.
 static INSERT: Statement = Statement {
     sql: "INSERT INTO idempotency.keys \
               (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point, \
                recovery_data, response_status, response_headers, response_body, created_at, \
                updated_at, completed_at, expires_at) \
-          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-          ON CONFLICT (scope, key) DO NOTHING",
-    args: ARGS.split_at(16).0,
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+    args: ARGS,
     kind: Kind::Write,
     columns: &[],
 };
 
-// The expired record of token $17 becomes the new one, if it is still there and expired.
-static REPLACE: Statement = Statement {
-    sql: "UPDATE idempotency.keys \
-          SET fingerprint = $3, status = $4, token = $5, attempts = $6, locked_until = $7, \
-              recovery_point = $8, recovery_data = $9, response_status = $10, \
-              response_headers = $11, response_body = $12, created_at = $13, updated_at = $14, \
-              completed_at = $15, expires_at = $16 \
+// The expired record of (scope $1, key $2) that carried token $3, if it is still there and
+// expired by $4: gone before the new one is written (in whatever partition either lives).
+const DELETE_ARGS: &[pgrx::pg_sys::Oid] = &[TEXTOID, TEXTOID, UUIDOID, TIMESTAMPTZOID];
+static DELETE_EXPIRED: Statement = Statement {
+    sql: "DELETE FROM idempotency.keys \
           WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
-            AND token OPERATOR(pg_catalog.=) $17 AND expires_at OPERATOR(pg_catalog.<=) $13",
-    args: ARGS,
+            AND token OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.<=) $4",
+    args: DELETE_ARGS,
+    kind: Kind::Write,
+    columns: &[],
+};
+
+// ... or in the table a 0.5.0 database kept its records in, while it is there.
+static DELETE_EXPIRED_LEGACY: Statement = Statement {
+    sql: "DELETE FROM idempotency.keys_legacy \
+          WHERE scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2 \
+            AND token OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.<=) $4",
+    args: DELETE_ARGS,
     kind: Kind::Write,
     columns: &[],
 };
@@ -81,10 +88,16 @@ pub(super) struct NewRecord<'a> {
     pub(super) expires_at: TimestampWithTimeZone,
 }
 
-/// Writes `record`: replacing the expired record of token `replaces` if there is one (or,
-/// if that one is gone meanwhile, as a new row). False when another writer's row of the key
-/// was there first.
-pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replaces: Option<Uuid>) -> bool {
+/// Writes `record`, first deleting the expired record of token `replaces` if the caller read
+/// one.
+pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replaces: Option<Uuid>) {
+    if let Some(expired) = replaces {
+        let args = [record.scope.into(), record.key.into(), expired.into(), record.created_at.into()];
+        spi::run(client, &DELETE_EXPIRED, &args);
+        if spi::processed() == 0 && crate::direct::legacy_exists(crate::direct::Table::Keys) {
+            spi::run(client, &DELETE_EXPIRED_LEGACY, &args);
+        }
+    }
     let args = [
         record.scope.into(),
         record.key.into(),
@@ -102,14 +115,6 @@ pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replace
         record.updated_at.into(),
         record.completed_at.into(),
         record.expires_at.into(),
-        replaces.into(),
     ];
-    if replaces.is_some() {
-        spi::run(client, &REPLACE, &args);
-        if spi::processed() == 1 {
-            return true;
-        }
-    }
-    spi::run(client, &INSERT, &args[..16]);
-    spi::processed() == 1
+    spi::run(client, &INSERT, &args);
 }

@@ -12,9 +12,10 @@
 -- partition, whose rows of a new period move into it when it is made. A period is dropped
 -- once every record in it has expired (and, for keys, its tombstones ended).
 
--- idempotency.partition_period in seconds, checked: a fixed length (no months) of 1 second
--- to 366 days. The native edition checks the value when it is SET; the portable edition
--- reads a placeholder, checked here.
+-- idempotency.partition_period in seconds, checked: 0 (no periods: every completed record
+-- goes to the far partition and is swept by DELETE, as before 0.6.0) or a fixed length (no
+-- months) of 1 second to 366 days. The native edition checks the value when it is SET; the
+-- portable edition reads a placeholder, checked here.
 CREATE FUNCTION idempotency.partition_period_seconds() RETURNS float8
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -31,9 +32,12 @@ BEGIN
     EXCEPTION WHEN data_exception OR syntax_error THEN
         val := NULL;
     END;
+    IF val = interval '0' THEN
+        RETURN 0;
+    END IF;
     IF val IS NULL OR extract(month FROM val) <> 0 OR extract(year FROM val) <> 0
        OR val < interval '1 second' OR val > interval '366 days' THEN
-        RAISE EXCEPTION 'invalid value for setting "idempotency.partition_period": "%" (it must be a fixed length of 1 second to 366 days, no months)', raw
+        RAISE EXCEPTION 'invalid value for setting "idempotency.partition_period": "%" (it must be 0 or a fixed length of 1 second to 366 days, no months)', raw
             USING ERRCODE = '22023';
     END IF;
     RETURN extract(epoch FROM val);
@@ -87,8 +91,8 @@ BEGIN
       FROM idempotency.partition_bounds(parent) AS b
      WHERE NOT b.is_default AND b.lower_bound IS NOT NULL;
     -- A period that ended is not made: no new record expires in it.
-    start_at := greatest(last_upper, to_timestamp(floor(extract(epoch FROM now()) / period) * period));
-    WHILE start_at < horizon AND made < 1000 LOOP
+    start_at := greatest(last_upper, to_timestamp(floor(extract(epoch FROM now()) / greatest(period, 1)) * greatest(period, 1)));
+    WHILE period > 0 AND start_at < horizon AND made < 1000 LOOP
         end_at := to_timestamp((floor(extract(epoch FROM start_at) / period) + 1) * period);
         name := pg_catalog.format('%s_%s', (SELECT c.relname FROM pg_class AS c WHERE c.oid = parent),
                                   to_char(start_at AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS'));
@@ -146,24 +150,56 @@ BEGIN
 END
 $$;
 
--- The partitions of both tables, kept: what idem_sweep calls first. For keys, a period is
--- dropped once its tombstones ended too (idempotency.tombstone_ttl). It runs as the
--- extension's owner (the owner of the tables, whom ATTACH and DROP require), so that any role
--- that may run idem_sweep keeps the partitions; it takes no argument, so that is all it does.
+-- Would partitions_maintain() have something to do now: a period to make (the periods end
+-- before now() + idempotency.default_ttl + one period) or to drop?
+CREATE FUNCTION idempotency.partitions_due() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT idempotency.partition_period_seconds() > 0 AND EXISTS (
+               SELECT FROM (VALUES ('idempotency.keys'::regclass), ('idempotency.messages'::regclass)) AS t(parent)
+                WHERE coalesce((SELECT max(b.upper_bound) FROM idempotency.partition_bounds(t.parent) AS b
+                                 WHERE NOT b.is_default AND b.lower_bound IS NOT NULL), '-infinity')
+                      < now() + coalesce(nullif(current_setting('idempotency.default_ttl', true), '')::interval,
+                                         interval '24 hours')
+                        + make_interval(secs => idempotency.partition_period_seconds()))
+        OR EXISTS (
+               SELECT FROM idempotency.partition_bounds('idempotency.keys') AS b
+                WHERE NOT b.is_default AND b.lower_bound IS NOT NULL
+                  AND b.upper_bound + coalesce(nullif(current_setting('idempotency.tombstone_ttl', true), '')::interval,
+                                               interval '0') <= now()
+               UNION ALL
+               SELECT FROM idempotency.partition_bounds('idempotency.messages') AS b
+                WHERE NOT b.is_default AND b.lower_bound IS NOT NULL AND b.upper_bound <= now())
+$$;
+
+-- The partitions of both tables, kept: what idem_sweep calls last, when it runs in a
+-- transaction of its own (the locks of ATTACH and DROP last until COMMIT). For keys, a period
+-- is dropped once its tombstones ended too (idempotency.tombstone_ttl). ATTACH and DROP need
+-- the tables' owner: for any other role it does nothing but say so (a NOTICE); schedule the
+-- sweep as the owner (schedule_maintenance does, as the role that calls it).
 CREATE FUNCTION idempotency.partitions_maintain()
 RETURNS TABLE (action text, partition_name text, rows_moved bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 AS $$
+BEGIN
+    IF NOT pg_has_role((SELECT c.relowner FROM pg_class AS c WHERE c.oid = 'idempotency.keys'::regclass), 'USAGE') THEN
+        RAISE NOTICE 'idem_sweep: only the owner of idempotency.keys makes and drops its partitions; % is not', current_user
+            USING HINT = 'Run idem_sweep as the owner of the extension''s tables (pg_cron: schedule it as that role).';
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT * FROM idempotency.partition_maintain(
         'idempotency.keys', 'idempotency.keys_far',
         '(CASE WHEN status = ''completed'' THEN expires_at ELSE ''-infinity''::timestamptz END)',
         'scope, key',
-        coalesce(nullif(current_setting('idempotency.tombstone_ttl', true), '')::interval, interval '0'))
-    UNION ALL
+        coalesce(nullif(current_setting('idempotency.tombstone_ttl', true), '')::interval, interval '0'));
+    RETURN QUERY
     SELECT * FROM idempotency.partition_maintain(
-        'idempotency.messages', 'idempotency.messages_far', 'expires_at', 'scope, message_id', interval '0')
+        'idempotency.messages', 'idempotency.messages_far', 'expires_at', 'scope, message_id', interval '0');
+END
 $$;
 
 -- Every partition of keys and messages with its period and the rows the statistics last

@@ -120,7 +120,7 @@ pub fn register() {
         pg_sys::DefineCustomStringVariable(
             c"idempotency.partition_period".as_ptr(),
             c"How much time of expiries each partition of idempotency.keys and idempotency.messages covers.".as_ptr(),
-            c"A fixed length of 1 second to 366 days; idem_sweep makes partitions ahead and drops them once over.".as_ptr(),
+            c"0 (none: records past the claims are swept by DELETE) or a fixed length of 1 second to 366 days; idem_sweep makes partitions ahead and drops them once over.".as_ptr(),
             addr_of_mut!(PARTITION_PERIOD_TEXT),
             c"1d".as_ptr(),
             pg_sys::GucContext::PGC_USERSET,
@@ -248,7 +248,7 @@ unsafe extern "C-unwind" fn check_partition_period(
         newval,
         extra,
         validate::partition_period,
-        c"The value must be a fixed length of 1 second to 366 days (no months).",
+        c"The value must be 0 or a fixed length of 1 second to 366 days (no months).",
     )
 }
 

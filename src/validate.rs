@@ -99,13 +99,13 @@ pub fn non_negative_interval(
     })
 }
 
-/// idempotency.partition_period: a fixed length (no months, whose length varies) of 1 second
-/// to 366 days.
+/// idempotency.partition_period: 0 (no periods) or a fixed length (no months, whose length
+/// varies) of 1 second to 366 days.
 pub fn partition_period(arg: &'static str, months: i32, days: i32, micros: i64) -> Result<(), IdemError> {
     const SECOND: i128 = 1_000_000;
     let total = total_micros(months, days, micros);
-    if months != 0 || !(SECOND..=366 * 86_400 * SECOND).contains(&total) {
-        return Err(IdemError::invalid(arg, "must be a fixed length of 1 second to 366 days, no months"));
+    if total != 0 && (months != 0 || !(SECOND..=366 * 86_400 * SECOND).contains(&total)) {
+        return Err(IdemError::invalid(arg, "must be 0 or a fixed length of 1 second to 366 days, no months"));
     }
     Ok(())
 }
@@ -257,6 +257,7 @@ mod tests {
         assert!(partition_period("p", 0, 1, 0).is_ok());
         assert!(partition_period("p", 0, 0, 1_000_000).is_ok());
         assert!(partition_period("p", 0, 366, 0).is_ok());
+        assert!(partition_period("p", 0, 0, 0).is_ok());
         assert_eq!(code(partition_period("p", 1, 0, 0)), "22023");
         assert_eq!(code(partition_period("p", 0, 0, 999_999)), "22023");
         assert_eq!(code(partition_period("p", 0, 367, 0)), "22023");

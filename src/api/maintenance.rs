@@ -24,17 +24,17 @@ use crate::jsonb::Jsonb;
 use crate::spi::{self, get, get_datum, get_not_null, Kind, Statement};
 use crate::{settings, validate, wakeup};
 
-/// A statement that picks rows ($1 a time: a cut-off or now(); at most $2 rows; $3 and $4
-/// the span of the periods, for `Part::only`), in both forms: on one server it locks the rows
+/// A statement that picks rows ($1 a time: a cut-off or now(); at most $2 rows; for a sweep
+/// $3 and $4 the span of the periods, for `Part::only`), in both forms: on one server it locks the rows
 /// it picks and skips those that others hold (so it runs as a write); on Citus it picks
 /// without locking (a read). `FOR UPDATE SKIP LOCKED` goes between `head` and `tail`.
-fn picking(head: String, tail: &str, columns: &'static [&'static str]) -> PerDeployment {
-    let form = |lock: &str, kind: Kind| Statement {
-        sql: format!("{head}{lock}{tail}").leak(),
-        args: &[TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID],
-        kind,
-        columns,
-    };
+fn picking(
+    head: String,
+    tail: &str,
+    args: &'static [pgrx::pg_sys::Oid],
+    columns: &'static [&'static str],
+) -> PerDeployment {
+    let form = |lock: &str, kind: Kind| Statement { sql: format!("{head}{lock}{tail}").leak(), args, kind, columns };
     PerDeployment { one_server: form(" FOR UPDATE SKIP LOCKED", Kind::Write), citus: form("", Kind::Read) }
 }
 
@@ -105,6 +105,7 @@ impl Sweep {
                  FROM (SELECT scope, {id} FROM {name} WHERE {only_pick} AND {filter} ORDER BY {order} LIMIT $2"
             ),
             ") AS picked",
+            &[TIMESTAMPTZOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID],
             &["scopes", "ids"],
         );
         let change = match change {
@@ -186,6 +187,7 @@ static STALE: LazyLock<PerDeployment> = LazyLock::new(|| {
         )
         .to_string(),
         "",
+        &[TIMESTAMPTZOID, INT8OID],
         &["scope", "key", "token", "attempts"],
     )
 });
@@ -271,7 +273,6 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
     spi::require_primary("idem_sweep")?;
     let now = spi::now();
     Ok(Spi::connect_mut(|client| {
-        spi::run(client, &MAINTAIN_PARTITIONS, &[]);
         let tables = deployment::tables(client);
         let keys_span = span(client, "idempotency.keys");
         let messages_span = span(client, "idempotency.messages");
@@ -309,11 +310,38 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
                 move_legacy(client, statement, now, budget - done);
             }
         }
-        done + sweep_outbound(client, budget - done)
+        done += sweep_outbound(client, budget - done);
+        maintain_partitions(client);
+        done
     }))
 }
 
-/// The partitions made ahead and dropped behind, first (sql/partitions.sql).
+/// The partitions made ahead and dropped behind (sql/partitions.sql), last: ATTACH and DROP
+/// hold their locks until COMMIT, which right after this costs claims a few milliseconds at
+/// most. Inside a transaction block it would hold them until the block ends, so there the
+/// sweep leaves the partitions to the next sweep run on its own, and says so.
+fn maintain_partitions(client: &mut SpiClient<'_>) {
+    // SAFETY: a plain read of the transaction state.
+    if unsafe { pgrx::pg_sys::IsTransactionBlock() } {
+        let due = spi::run(client, &PARTITIONS_DUE, &[]).first();
+        if get::<bool>(&due, &PARTITIONS_DUE, "due") == Some(true) {
+            pgrx::notice!(
+            "idem_sweep: partitions are made and dropped only by a sweep in a transaction of its own \
+             (pg_cron runs it so); this one, in a transaction block, left them as they are"
+            );
+        }
+        return;
+    }
+    spi::run(client, &MAINTAIN_PARTITIONS, &[]);
+}
+
+static PARTITIONS_DUE: Statement = Statement {
+    sql: "SELECT idempotency.partitions_due() AS due",
+    args: &[],
+    kind: Kind::Read,
+    columns: &["due"],
+};
+
 static MAINTAIN_PARTITIONS: Statement = Statement {
     sql: "SELECT pg_catalog.count(*) AS steps FROM idempotency.partitions_maintain()",
     args: &[],

@@ -58,7 +58,7 @@ static KEYS_FAR: Part = Part {
     id: "key",
     only: concat!(
         keys_partition_key!(),
-        " OPERATOR(pg_catalog.>) '-infinity'::pg_catalog.timestamptz AND (",
+        " OPERATOR(pg_catalog.>=) '1970-01-01 00:00:00+00'::pg_catalog.timestamptz AND (",
         keys_partition_key!(),
         " OPERATOR(pg_catalog.<) {lo} OR ",
         keys_partition_key!(),

@@ -48,3 +48,20 @@ LANGUAGE sql AS $$
 -- made itself.
 CREATE FUNCTION fixture.sha(canonical text) RETURNS text LANGUAGE sql AS $$
     SELECT 'sha256:' || encode(sha256(convert_to(canonical, 'UTF8')), 'hex') $$;
+
+-- fixture.drop_periods(): drops the periods idem_sweep made (the partitions named after a
+-- time), so that a plan shows only the partitions a test makes itself. Returns how many.
+CREATE FUNCTION fixture.drop_periods() RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+    p regclass;
+    n int := 0;
+BEGIN
+    FOR p IN SELECT part FROM idempotency.partition_bounds('idempotency.keys') WHERE NOT is_default AND lower_bound IS NOT NULL
+             UNION ALL
+             SELECT part FROM idempotency.partition_bounds('idempotency.messages') WHERE NOT is_default AND lower_bound IS NOT NULL
+    LOOP
+        EXECUTE format('DROP TABLE %s', p);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;

@@ -1,6 +1,11 @@
 -- Housekeeping: idem_sweep deletes expired records, idem_reclaim_stale deals with claims
 -- whose owner died, and the idempotency.stats view counts what there is.
 
+-- Records kept row by row (no time partitions: idempotency.partition_period = 0), as
+-- before 0.6.0, which is what this file shows; 22_partitions shows the periods.
+SET idempotency.partition_period = 0;
+SELECT fixture.drop_periods() >= 0 AS periods_dropped;
+
 -- Start from empty tables, so that every count below is this file's own.
 TRUNCATE idempotency.keys, idempotency.messages;
 SELECT in_progress, completed, stale, expired, oldest_in_progress_age, messages, expired_messages

@@ -3,6 +3,11 @@
 -- nothing written) until expires_at + tombstone_ttl, so that a retry after the record's ttl
 -- does not run the operation again.
 
+-- Records kept row by row (no time partitions: idempotency.partition_period = 0), as
+-- before 0.6.0, which is what this file shows; 22_partitions shows the periods.
+SET idempotency.partition_period = 0;
+SELECT fixture.drop_periods() >= 0 AS periods_dropped;
+
 -- A completed record with a short ttl, and one left in_progress.
 SELECT token AS tok_done FROM idempotency.idem_claim('acct_ts', 'done', 'fp-A', ttl => '50 ms') \gset
 SELECT idempotency.idem_complete('acct_ts', 'done', :'tok_done', 201, '{"id": "ch_9"}', '{"Location": "/ch_9"}');

@@ -41,11 +41,11 @@ SET LOCAL client_min_messages = debug1;
 SELECT outcome FROM idempotency.idem_claim('read-path', 'rp-1', 'fp');
 ROLLBACK;
 
--- A primary key that is not (scope, key): SPI.
+-- A partition whose primary key is not (scope, key): SPI.
 BEGIN;
 SET LOCAL client_min_messages = warning;
-ALTER TABLE idempotency.keys DROP CONSTRAINT keys_pkey;
-CREATE UNIQUE INDEX keys_scope_key ON idempotency.keys (scope, key);
+ALTER TABLE idempotency.keys_far DROP CONSTRAINT keys_far_pkey;
+CREATE UNIQUE INDEX keys_scope_key ON idempotency.keys_far (scope, key);
 SET LOCAL client_min_messages = debug1;
 SELECT outcome FROM idempotency.idem_claim('read-path', 'rp-1', 'fp');
 ROLLBACK;
@@ -55,7 +55,7 @@ ROLLBACK;
 BEGIN;
 SET LOCAL client_min_messages = warning;
 ALTER TABLE idempotency.keys RENAME TO keys_before;
-CREATE TABLE idempotency.keys (LIKE idempotency.keys_before INCLUDING ALL);
+CREATE TABLE idempotency.keys (LIKE idempotency.keys_before INCLUDING ALL, PRIMARY KEY (scope, key));
 SET LOCAL client_min_messages = debug1;
 SELECT outcome FROM idempotency.idem_claim('read-path', 'rp-1', 'fp');
 ROLLBACK;

@@ -28,7 +28,9 @@ SELECT * FROM fixture.try($$ SELECT idempotency.idem_complete('deferred', 'k-1',
 SELECT key, status, attempts, response_status, response_body, locked_until IS NULL AS no_lease,
        completed_at = created_at AS completed_in_its_transaction
   FROM keys WHERE scope = 'deferred';
-SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_xact_user_tables WHERE relid = 'idempotency.keys'::regclass;
+SELECT sum(n_tup_ins) AS n_tup_ins, sum(n_tup_upd) AS n_tup_upd, sum(n_tup_del) AS n_tup_del
+  FROM pg_stat_xact_user_tables
+ WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass);
 COMMIT;
 SELECT outcome, http_status, response_body FROM idem_claim('deferred', 'k-1', 'fp-1', deferred => true);
 

@@ -82,7 +82,8 @@ case $command in
 list)
     [ $# -eq 1 ] || die 2 "usage: list native|portable"
     path_of 0 "$1" >/dev/null
-    rows | awk -v e="$1" '("," $3 ",") ~ ("," e ",") { print $1 }' | sort -V
+    table=$(rows) || exit
+    awk -v e="$1" '("," $3 ",") ~ ("," e ",") { print $1 }' <<<"$table" | sort -V
     ;;
 show)
     [ $# -eq 2 ] || die 2 "usage: show VERSION native|portable"

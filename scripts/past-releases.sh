@@ -36,6 +36,7 @@ path_of() { # path_of VERSION EDITION: the file's path in its commit
 # The table's lines, "VERSION COMMIT EDITIONS", each checked.
 rows() {
     local n=0 version commit editions rest e
+    local -A seen=()
     [ -f "$TABLE" ] || die 1 "no ${TABLE#"$ROOT"/}"
     while IFS=$'\t' read -r version commit editions rest; do
         n=$((n + 1))
@@ -45,6 +46,8 @@ rows() {
         for e in ${editions//,/ }; do
             [[ $e == native || $e == portable ]] || die 1 "${TABLE#"$ROOT"/}:$n: unknown edition '$e'"
         done
+        [ -z "${seen[$version]:-}" ] || die 1 "${TABLE#"$ROOT"/}:$n: $version twice"
+        seen[$version]=1
         echo "$version $commit $editions"
     done <"$TABLE"
 }
@@ -60,9 +63,10 @@ commit_of() { # commit_of VERSION [EDITION]
 no_history() {
     local top
     command -v git >/dev/null || { echo "git is not installed"; return; }
-    top=$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null)
-    if [ -z "$top" ] || [ "$(cd "$top" && pwd -P)" != "$ROOT" ]; then
-        echo "$ROOT is not a git checkout of its own (a tarball?)"
+    if [ -e "$ROOT/.git" ] && ! top=$(git -C "$ROOT" rev-parse --show-toplevel 2>&1); then
+        echo "git cannot read $ROOT/.git ($top)"
+    elif [ ! -e "$ROOT/.git" ]; then
+        echo "$ROOT is not a git checkout (a tarball?)"
     elif [ "$(git -C "$ROOT" rev-parse --is-shallow-repository)" = true ]; then
         echo "a shallow clone (git fetch --unshallow brings the history)"
     fi

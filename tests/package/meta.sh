@@ -3,7 +3,7 @@
 # 1.0.0 requires, and one version everywhere: Cargo.toml, idempotency.control, META.json
 # (the distribution and what it provides), packaging/debian/changelog, the portable
 # edition's control file, and both editions' frozen release scripts for it (scripts/release.sh
-# moves them all). No build, no server: seconds.
+# moves them all), which are the only release files in sql/. No build, no server: seconds.
 #   tests/package/meta.sh
 set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
@@ -31,6 +31,11 @@ check "packaging/debian/changelog's latest entry is Cargo.toml's version" "$vers
     "$(sed -n '1s/^idempotency (\([^)]*\)).*/\1/p' packaging/debian/changelog)"
 check "sql/releases holds the frozen install script of $version" yes \
     "$([ -f "sql/releases/idempotency--$version.sql" ] && echo yes || echo no)"
+# sql/ keeps the current release's files only: a past release's are in git history
+# (sql/releases/past.tsv, scripts/past-releases.sh).
+check "sql/ holds no release file of a past release (they are in git history: sql/releases/past.tsv)" "" \
+    "$(find sql -name 'idempotency--*.sql' -o -name 'idempotency-portable--*.sql' | grep -v -- '--.*--' |
+        grep -Fvx -e "sql/releases/idempotency--$version.sql" -e "sql/portable/idempotency-portable--$version.sql")"
 check "the portable edition's control file says default_version $version" "$version" \
     "$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/portable/idempotency-portable.control)"
 check "sql/portable holds the portable edition's release file of $version" yes \

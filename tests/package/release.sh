@@ -12,6 +12,10 @@
 #     upgrade scripts' skeletons of both editions exist;
 #   - the native install script frozen for the new version is the current release's SQL (no
 #     SQL changed; pgrx's comments aside), and the meta suite, run in the scratch copy, passes;
+#   - the old release's files left the tree: sql/releases/past.tsv names the commit before the
+#     release for it, and scripts/past-releases.sh reads them back from there unchanged (while
+#     this tree has not frozen the old release's native script yet, the scratch copy freezes
+#     it first, as the end of that release will);
 #   - a second run, or a malformed version, refuses and changes nothing.
 #   - the portable release OLD plus the skeleton upgrade file equals a fresh install of the
 #     new portable release file (a throwaway PostgreSQL cluster on a unix socket).
@@ -32,6 +36,20 @@ while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done < <(git l
     tar --null -T - -cf - | tar -x -C "$SCRATCH"
 g() { git -C "$SCRATCH" -c user.name=release-test -c user.email=release-test@invalid "$@"; }
 g init -q && g add -A && g commit -qm "before the release"
+
+# A release starts from a frozen, committed one (scripts/release.sh retires its files to the
+# history). Before the end of this one, the scratch copy freezes it as that end will.
+if [ ! -f "$SCRATCH/sql/releases/idempotency--$OLD.sql" ]; then
+    echo "$OLD's native install script is not frozen here yet: scripts/release.sh --freeze in the scratch copy first"
+    out=$(cd "$SCRATCH" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target} scripts/release.sh --freeze 2>&1)
+    check "scripts/release.sh --freeze (at $OLD, in the scratch copy) succeeds" 0 "$?"
+    while IFS= read -r line; do echo "  release.sh: $line"; done <<<"$out"
+    g add -A && g commit -qm "$OLD frozen"
+fi
+BEFORE=$(g rev-parse HEAD)
+# OLD's release files as the tree has them, to compare with what the history gives back.
+mkdir -p "$(dir_of release)/old"
+cp "$SCRATCH/sql/releases/idempotency--$OLD.sql" "$SCRATCH/sql/portable/idempotency-portable--$OLD.sql" "$(dir_of release)/old/"
 
 out=$(cd "$SCRATCH" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target} scripts/release.sh "$NEW" 2>&1)
 status=$?
@@ -87,9 +105,24 @@ check "the native upgrade script's skeleton $OLD -> $NEW" 1 \
 check "the portable upgrade file's skeleton $OLD -> $NEW: checks for $OLD, ends at $NEW" "2" \
     "$(grep -c "IS DISTINCT FROM '$OLD' THEN\|SELECT '$NEW' \\\$\\\$;" "$SCRATCH/sql/portable/idempotency-portable--$OLD--$NEW.sql" 2>/dev/null)"
 
+# OLD's release files: out of the tree, into the history.
+check "$OLD's release files left the tree" "" \
+    "$(ls "$SCRATCH/sql/releases/idempotency--$OLD.sql" "$SCRATCH/sql/portable/idempotency-portable--$OLD.sql" 2>/dev/null)"
+check "sql/releases/past.tsv's last line: $OLD at the commit before the release, both editions" \
+    "$OLD $BEFORE native,portable" "$(tail -n 1 "$SCRATCH/sql/releases/past.tsv" | tr '\t' ' ')"
+for edition in native portable; do
+    case $edition in
+    native) file=idempotency--$OLD.sql ;;
+    portable) file=idempotency-portable--$OLD.sql ;;
+    esac
+    (cd "$SCRATCH" && scripts/past-releases.sh show "$OLD" "$edition") >"$(dir_of release)/from-history-$file" 2>&1
+    check "scripts/past-releases.sh show $OLD $edition gives back $file as it was" "" \
+        "$(diff "$(dir_of release)/old/$file" "$(dir_of release)/from-history-$file" | head -n 5)"
+done
+
 # The native freeze: the build's install script for NEW, the SQL of OLD (nothing changed).
 check "the native install script frozen for $NEW is $OLD's SQL (comments aside)" "" \
-    "$(diff <(grep -v '^--' "$ROOT/sql/releases/idempotency--$OLD.sql") \
+    "$(diff <(grep -v '^--' "$(dir_of release)/old/idempotency--$OLD.sql") \
         <(grep -v '^--' "$SCRATCH/sql/releases/idempotency--$NEW.sql" 2>&1) | head -n 5)"
 # The meta suite in the scratch copy.
 meta=$(cd / && env -u ROOT bash "$SCRATCH/tests/package/meta.sh" 2>&1)
@@ -104,7 +137,7 @@ if use_major "${PG_MAJOR:-15}" 2>/dev/null; then
         pq() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$pgdir/socket" -p "$(port_of parity)" -U postgres "$@"; }
         pq -d postgres -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded"
         pq -d fresh -1 -f "$release" >/dev/null
-        pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD.sql" >/dev/null
+        pq -d upgraded -1 -f "$(dir_of release)/from-history-idempotency-portable--$OLD.sql" >/dev/null
         pq -d upgraded -1 -f "$SCRATCH/sql/portable/idempotency-portable--$OLD--$NEW.sql" >/dev/null
         check "portable $OLD + the skeleton upgrade file = a fresh install of $NEW (tests/upgrade/describe.sql)" \
             "$(pq -d fresh -f "$SCRATCH/tests/upgrade/describe.sql")" "$(pq -d upgraded -f "$SCRATCH/tests/upgrade/describe.sql")"

@@ -3,7 +3,9 @@
 #   .deb (15)  lintian: no errors; on a machine where the extension is not otherwise
 #              installed (the files `cargo pgrx install` put into Debian's PostgreSQL 15 are
 #              moved aside first and put back at the end): dpkg -i, CREATE EXTENSION, the demo,
-#              ALTER EXTENSION UPDATE from every frozen release (the oldest first), dpkg -r
+#              ALTER EXTENSION UPDATE from every past release (the oldest first; their
+#              install scripts come out of git history, scripts/past-releases.sh: without it,
+#              a shallow clone or a tarball, those checks are skipped, saying why), dpkg -r
 #              and every file it added gone.
 #   .tar.gz (18) every file at the PostgreSQL 18 installation's pg_config paths; unpacked into a
 #              throwaway copy of that installation, the same SQL checks there.
@@ -23,7 +25,13 @@ DEB=$OUT/${PKG}_${version}_amd64.deb
 TARBALL=$OUT/idempotency-$version-pg18-amd64.tar.gz
 PG15_CONFIG=$(pg_config_for 15)
 PG18_CONFIG=$(pg_config_for 18)
-
+# The past releases (native), whose install scripts the packages hold.
+past_why=$(scripts/past-releases.sh check 2>&1)
+case $? in
+0) past=$(scripts/past-releases.sh list native) ;;
+3) past=""; skip "the packages hold every past release's install script, and update from each" "$past_why" ;;
+*) past=""; fail "the past releases' install scripts, from git history" "$past_why" ;;
+esac
 
 # --- bad input to scripts/package.sh -------------------------------------------------------
 rm -rf "$DIR"
@@ -64,7 +72,8 @@ expected_files() { # the files the package must hold, one a line
     local f
     echo /usr/lib/postgresql/15/lib/idempotency.so
     echo /usr/share/postgresql/15/extension/idempotency.control
-    for f in sql/releases/idempotency--*.sql sql/idempotency--*--*.sql; do
+    for v in $past; do echo "/usr/share/postgresql/15/extension/idempotency--$v.sql"; done
+    for f in sql/idempotency--*--*.sql; do
         echo "/usr/share/postgresql/15/extension/${f##*/}"
     done
     echo /usr/share/doc/$PKG/copyright
@@ -94,9 +103,8 @@ sql_checks() { # sql_checks LABEL BIN_DIR CLUSTER_DIR PORT PKGLIBDIR
     demo=$(q -d demo -c "CREATE EXTENSION idempotency" -f examples/demo.sql 2>&1)
     check "$label: the demo runs without an error" 0 "$(grep -c 'ERROR' <<<"$demo")"
     check_match "$label: the demo's retry replays the stored response" "replay\|201" "$demo"
-    oldest=$(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V | head -1)
-    for v in $(printf '%s\n' sql/releases/idempotency--*.sql | sed 's/.*idempotency--\(.*\)\.sql/\1/' | sort -V); do
-        [ "$v" = "$version" ] && continue
+    oldest=$(head -n 1 <<<"$past")
+    for v in $past; do
         local db=from_${v//./_}
         q -d postgres -c "CREATE DATABASE $db"
         got=$(q -d "$db" -c "CREATE EXTENSION idempotency VERSION '$v'" \

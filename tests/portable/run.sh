@@ -6,7 +6,9 @@
 #                primary key, never a read of the whole scope (auto_explain)
 #   upgrade      the previous release plus the upgrade file equals a fresh install
 #                (tests/upgrade/describe.sql), keeping the records; run twice it refuses
-#                (tests/upgrade/run.sh walks every older release too)
+#                (tests/upgrade/run.sh walks every older release too). The previous release's
+#                file comes out of git history (sql/releases/past.tsv); without the history
+#                (a shallow clone, a tarball) this and extension's update are skipped, saying why
 #   fingerprint  idem_fingerprint against an independent RFC 8785 implementation
 #                (rfc8785_ref.py) on a random corpus (json_corpus.py), RFC 8785's number
 #                table, and against the native idem_fingerprint where the native extension
@@ -40,17 +42,16 @@ set -uo pipefail
 . "$(dirname "$0")/../lib.sh" || exit 2
 cd "$ROOT" || exit 2
 HERE=$ROOT/tests/portable
-# The release under test is Cargo.toml's version; the previous one is the newest portable
-# release file below it.
+# The release under test is Cargo.toml's version; the previous one is the newest past release
+# (sql/releases/past.tsv), whose release file comes out of git history (previous_release).
 VERSION=$(extension_version)
-PREVIOUS=$(for f in "$ROOT"/sql/portable/idempotency-portable--*.sql; do
-               v=${f##*/idempotency-portable--}; v=${v%.sql}; [[ $v == *--* ]] || echo "$v"
-           done | sort -V | grep -Fvx "$VERSION" | tail -n 1)
+PREVIOUS=$("$ROOT/scripts/past-releases.sh" list portable | tail -n 1)
 DESCRIBE=$ROOT/tests/upgrade/describe.sql
 RELEASE=$ROOT/sql/portable/idempotency-portable--$VERSION.sql
 UPGRADE=$ROOT/sql/portable/idempotency-portable--$PREVIOUS--$VERSION.sql
 PREFIX=${PORT_DIR_PREFIX:-$(dir_of portable 15)}
 WORK=$PREFIX-work
+OLD_RELEASE=$WORK/idempotency-portable--$PREVIOUS.sql
 PORT_MAJORS=${PORT_MAJORS:-15 18}
 PORT_PG18_VENV=${PORT_PG18_VENV:-/opt/idem-port-pg18}
 OWNER=idem_owner
@@ -111,6 +112,18 @@ make_owner() {
 # The native extension at this release (its library, and its install script for $VERSION).
 native_available() {
     [ -f "$("$BIN/pg_config" --pkglibdir)/idempotency.so" ] && [ -f "$("$BIN/pg_config" --sharedir)/extension/idempotency--$VERSION.sql" ]
+}
+
+# previous_release CHECK: the previous release file is in $OLD_RELEASE (out of git history,
+# by main below); if not, CHECK is skipped (no history here: a shallow clone, a tarball) or
+# fails (the history lacks it), saying why.
+previous_release() {
+    case $OLD_STATUS in
+    0) return 0 ;;
+    3) skip "$1" "$OLD_WHY" ;;
+    *) fail "$1" "$OLD_WHY" ;;
+    esac
+    return 1
 }
 
 # --- sections --------------------------------------------------------------------------
@@ -187,7 +200,8 @@ plan_check() { # plan_check portable|native DB
 # The previous release, records in it, then the upgrade file: the same catalog as a fresh
 # install (tests/upgrade/describe.sql), the records kept, a claim in flight completed with its token.
 section_upgrade() {
-    local old=$ROOT/sql/portable/idempotency-portable--$PREVIOUS.sql got tok before
+    local old=$OLD_RELEASE got tok before
+    previous_release "$M upgrade: $PREVIOUS -> $VERSION" || return 0
     q postgres postgres -c "CREATE DATABASE port_upgraded OWNER $OWNER" -c "CREATE DATABASE port_fresh OWNER $OWNER"
     q "$OWNER" port_fresh -1 -f "$RELEASE" >/dev/null
     q "$OWNER" port_upgraded -1 -f "$old" >/dev/null
@@ -367,7 +381,6 @@ section_extension() {
     fi
     cp "$ROOT/sql/portable/idempotency-portable.control" "$share/idempotency.control"
     cp "$RELEASE" "$share/idempotency--$VERSION.sql"
-    cp "$ROOT/sql/portable/idempotency-portable--$PREVIOUS.sql" "$share/idempotency--$PREVIOUS.sql"
     cp "$UPGRADE" "$share/idempotency--$PREVIOUS--$VERSION.sql"
     q postgres postgres -c "CREATE DATABASE port_ext OWNER $OWNER"
     check "$M extension: CREATE EXTENSION idempotency (SQL-only, trusted) as the database owner" "" \
@@ -381,14 +394,17 @@ section_extension() {
         "$(q "$OWNER" port_ext -F'|' -c "SELECT outcome, http_status, response_body FROM idempotency.idem_claim('ext', 'k1', 'fp')")"
     # The update path: the previous release as an extension, then ALTER EXTENSION UPDATE
     # through the upgrade file, unchanged: the same objects as CREATE EXTENSION of this one.
-    q postgres postgres -c "CREATE DATABASE port_ext_up OWNER $OWNER"
-    q "$OWNER" port_ext_up -c "CREATE EXTENSION idempotency VERSION '$PREVIOUS'" \
-        -c "SELECT idempotency.idem_claim('ext', 'k1', 'fp')" -c "ALTER EXTENSION idempotency UPDATE" >"$WORK/ext-update.log" 2>&1
-    check "$M extension: ALTER EXTENSION UPDATE $PREVIOUS -> $VERSION (the upgrade file as the update script)" "$VERSION|1" \
-        "$(q "$OWNER" port_ext_up -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
-              -c "SELECT count(*) FROM idempotency.keys" 2>&1 | paste -sd'|')"
-    check "$M extension: ... the same objects as CREATE EXTENSION at $VERSION" "" \
-        "$(diff <(q "$OWNER" port_ext -f "$DESCRIBE") <(q "$OWNER" port_ext_up -f "$DESCRIBE") | head -10)"
+    if previous_release "$M extension: ALTER EXTENSION UPDATE $PREVIOUS -> $VERSION"; then
+        cp "$OLD_RELEASE" "$share/idempotency--$PREVIOUS.sql"
+        q postgres postgres -c "CREATE DATABASE port_ext_up OWNER $OWNER"
+        q "$OWNER" port_ext_up -c "CREATE EXTENSION idempotency VERSION '$PREVIOUS'" \
+            -c "SELECT idempotency.idem_claim('ext', 'k1', 'fp')" -c "ALTER EXTENSION idempotency UPDATE" >"$WORK/ext-update.log" 2>&1
+        check "$M extension: ALTER EXTENSION UPDATE $PREVIOUS -> $VERSION (the upgrade file as the update script)" "$VERSION|1" \
+            "$(q "$OWNER" port_ext_up -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
+                  -c "SELECT count(*) FROM idempotency.keys" 2>&1 | paste -sd'|')"
+        check "$M extension: ... the same objects as CREATE EXTENSION at $VERSION" "" \
+            "$(diff <(q "$OWNER" port_ext -f "$DESCRIBE") <(q "$OWNER" port_ext_up -f "$DESCRIBE") | head -10)"
+    fi
     check "$M extension: the three tables are extension configuration (pg_dump keeps their rows)" \
         "{idempotency.keys,idempotency.messages,idempotency.outbound}" \
         "$(q "$OWNER" port_ext -c "SELECT extconfig::regclass[] FROM pg_extension WHERE extname = 'idempotency'")"
@@ -464,6 +480,8 @@ section_switch() {
 # --- main ------------------------------------------------------------------------------
 
 mkdir -p "$WORK" && chmod a+rwx "$WORK"
+OLD_WHY=$("$ROOT/scripts/past-releases.sh" show "$PREVIOUS" portable 2>&1 >"$OLD_RELEASE")
+OLD_STATUS=$?
 port=${PORT_BASE:-$(port_of portable 15)}
 for M in $PORT_MAJORS; do
     echo; echo "== PostgreSQL $M"

@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Releases and upgrades of both editions. Every released version's install script is frozen
-# (native: sql/releases/idempotency--VERSION.sql; portable:
-# sql/portable/idempotency-portable--VERSION.sql) and never edited; each later release ships
-# upgrade scripts (sql/idempotency--OLD--NEW.sql, which cargo pgrx install copies next to the
-# install script; sql/portable/idempotency-portable--OLD--NEW.sql).
+# and never edited: the current release's in the tree (native:
+# sql/releases/idempotency--VERSION.sql, which scripts/release.sh --freeze writes at the end
+# of the release; portable: sql/portable/idempotency-portable--VERSION.sql), every past
+# release's in git history, at the commit sql/releases/past.tsv names (read with
+# scripts/past-releases.sh). Each later release ships upgrade scripts
+# (sql/idempotency--OLD--NEW.sql, which cargo pgrx install copies next to the install script;
+# sql/portable/idempotency-portable--OLD--NEW.sql).
 #
-#   1. The current version (Cargo.toml's), if it is released, must install exactly what its
-#      frozen script installs: a change to the SQL after a release needs a new version.
-#   2. Native: every older release is installed from its frozen script, with live data, then
+#   1. The current version (Cargo.toml's), once frozen, must install exactly what its frozen
+#      script installs: a change to the SQL after a release needs a new version.
+#   2. Native: every past release is installed from its frozen script, with live data, then
 #      ALTER EXTENSION idempotency UPDATE: the result must match a fresh install of the current
 #      version object for object, and keep the data.
-#   3. Portable: every older release is installed with psql -1 -f, with live data, then each
+#   3. Portable: every past release is installed with psql -1 -f, with live data, then each
 #      upgrade file from there on, in order, up to the current version: the same checks.
-# Every comparison is tests/upgrade/describe.sql's description of the two databases.
+# Every comparison is tests/upgrade/describe.sql's description of the two databases. Without
+# the git history (a shallow clone, a tarball) 2 and 3 are skipped, saying why; before the
+# freeze, 1 is.
 # Needs the current version installed into PG_MAJOR (15 or 18; cargo pgrx install).
 # Last line: "upgrade: N passed, M failed".
 #   tests/upgrade/run.sh [DIR] [PORT]
@@ -46,15 +51,25 @@ check "the description lists every object" 1 "$([ "$(grep -c . <<<"$fresh")" -gt
 check "a fresh install of $current has the contract's functions" 0 \
     "$(q -d fresh -c "SELECT count(*) FROM unnest(ARRAY['idem_claim','idem_complete','idem_checkpoint','idem_release','idem_lookup','idem_reclaim_stale','idem_sweep','idem_seen','idem_fingerprint']) f WHERE NOT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'idempotency' AND p.proname = f)")"
 
-for frozen in sql/releases/idempotency--*.sql; do
-    [ -e "$frozen" ] || continue
-    version=${frozen##*/idempotency--}
-    version=${version%.sql}
-    db="from_${version//[^0-9a-z]/_}"
-    # The frozen script under a version name of its own, so that it cannot shadow the
-    # installed one; upgrade scripts from the real version name are copied alongside.
+# The past releases, out of git history; without it, skipped, saying why.
+PAST=$DIR/past
+mkdir -p "$PAST"
+history=$(scripts/past-releases.sh check 2>&1)
+case $? in
+0) native_past=$(scripts/past-releases.sh list native) portable_past=$(scripts/past-releases.sh list portable) ;;
+3) native_past="" portable_past=""
+   skip "every past release of both editions, upgraded (sql/releases/past.tsv)" "$history" ;;
+*) native_past="" portable_past=""
+   fail "the past releases' install scripts, from git history" "$history" ;;
+esac
+
+# install_frozen VERSION SCRIPT: a database with SCRIPT installed as the extension at VERSION,
+# and a claim in it. The script under a version name of its own, so that it cannot shadow the
+# installed one; upgrade scripts from the real version name are copied alongside.
+install_frozen() {
+    local version=$1 db="from_${1//[^0-9a-z]/_}" target up t
     target="$EXTDIR/idempotency--$version-frozen.sql"
-    cp "$frozen" "$target"; copied+=("$target")
+    cp "$2" "$target"; copied+=("$target")
     for up in sql/idempotency--"$version"--*.sql; do
         [ -e "$up" ] || continue
         t="$EXTDIR/idempotency--$version-frozen--${up##*/idempotency--"$version"--}"
@@ -63,27 +78,31 @@ for frozen in sql/releases/idempotency--*.sql; do
     q -d postgres -c "CREATE DATABASE $db"
     q -d "$db" -c "CREATE EXTENSION idempotency VERSION '$version-frozen'"
     q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')" >/dev/null
-    if [ "$version" = "$current" ]; then
-        check "release $version: the current build installs exactly its frozen script" "$fresh" "$(describe "$db")"
-    else
-        q -d "$db" -c "ALTER EXTENSION idempotency UPDATE TO '$current'"
-        check "upgrade $version -> $current matches a fresh install" "$fresh" "$(describe "$db")"
-        check "upgrade $version -> $current keeps the data" "in_progress" \
-            "$(q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')")"
-    fi
+}
+
+for version in $native_past; do
+    db="from_${version//[^0-9a-z]/_}"
+    scripts/past-releases.sh show "$version" native >"$PAST/idempotency--$version.sql" ||
+        { fail "release $version's native install script, from git history"; continue; }
+    install_frozen "$version" "$PAST/idempotency--$version.sql"
+    q -d "$db" -c "ALTER EXTENSION idempotency UPDATE TO '$current'"
+    check "upgrade $version -> $current matches a fresh install" "$fresh" "$(describe "$db")"
+    check "upgrade $version -> $current keeps the data" "in_progress" \
+        "$(q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')")"
 done
+
+if [ -f "sql/releases/idempotency--$current.sql" ]; then
+    install_frozen "$current" "sql/releases/idempotency--$current.sql"
+    check "release $current: the current build installs exactly its frozen script" "$fresh" \
+        "$(describe "from_${current//[^0-9a-z]/_}")"
+else
+    skip "release $current: the current build installs exactly its frozen script" \
+        "not frozen yet (scripts/release.sh --freeze writes sql/releases/idempotency--$current.sql at the end of the release)"
+fi
 
 # --- the portable edition --------------------------------------------------------------
 
 portable_fresh=$(portable_script)
-# The versions of the released portable files (not the upgrade files, NAME--A--B.sql).
-portable_releases() {
-    local f v
-    for f in sql/portable/idempotency-portable--*.sql; do
-        v=${f##*/idempotency-portable--}; v=${v%.sql}
-        [[ $v == *--* ]] || echo "$v"
-    done | sort -V
-}
 # The upgrade file that starts at $1 (the lowest target if there were several).
 portable_step() {
     local f
@@ -98,11 +117,12 @@ else
     pfresh=$(describe portable_fresh)
     check "portable: a fresh install of $current says portable_version() $current" "$current" \
         "$(q -d portable_fresh -c "SELECT idempotency.portable_version()")"
-    for version in $(portable_releases); do
-        [ "$version" = "$current" ] && continue
+    for version in $portable_past; do
         db="portable_from_${version//[^0-9a-z]/_}"
+        scripts/past-releases.sh show "$version" portable >"$PAST/idempotency-portable--$version.sql" ||
+            { fail "release $version's portable release file, from git history"; continue; }
         q -d postgres -c "CREATE DATABASE $db"
-        q -d "$db" -1 -f "sql/portable/idempotency-portable--$version.sql" >/dev/null
+        q -d "$db" -1 -f "$PAST/idempotency-portable--$version.sql" >/dev/null
         q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')" >/dev/null
         at=$version path=$version
         while [ "$at" != "$current" ]; do

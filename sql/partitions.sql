@@ -121,9 +121,13 @@ BEGIN
             partition_name := qualified;
             rows_moved := moved;
             RETURN NEXT;
-        EXCEPTION WHEN lock_not_available THEN
-            RAISE NOTICE 'idem_sweep: % was not made this time (its locks were busy); the next sweep makes it', qualified;
-            EXIT;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RAISE NOTICE 'idem_sweep: % was not made this time (its locks were busy); the next sweep makes it', qualified;
+                EXIT;
+            WHEN OTHERS THEN
+                RAISE WARNING 'idem_sweep: % was not made: %', qualified, SQLERRM;
+                EXIT;
         END;
         start_at := end_at;
         made := made + 1;
@@ -142,9 +146,56 @@ BEGIN
             partition_name := p.part::text;
             rows_moved := greatest(p.reltuples, 0)::bigint;
             RETURN NEXT;
-        EXCEPTION WHEN lock_not_available THEN
-            RAISE NOTICE 'idem_sweep: % was not dropped this time (a transaction was using the table); the next sweep drops it', p.part;
-            EXIT;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RAISE NOTICE 'idem_sweep: % was not dropped this time (a transaction was using the table); the next sweep drops it', p.part;
+                EXIT;
+            WHEN OTHERS THEN
+                RAISE WARNING 'idem_sweep: % was not dropped: %', p.part, SQLERRM;
+                EXIT;
+        END;
+    END LOOP;
+END
+$$;
+
+-- A database updated from 0.5.0 keeps its records in keys_legacy and messages_legacy until
+-- idem_sweep has moved the live ones into the partitions and deleted the expired ones
+-- (sql/idempotency--0.5.0--0.6.0.sql): then the emptied table leaves the extension and is
+-- dropped, waiting at most lock_timeout for its lock (the next sweep tries again).
+CREATE FUNCTION idempotency.legacy_drop_when_empty()
+RETURNS TABLE (action text, partition_name text, rows_moved bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    legacy regclass;
+    empty boolean;
+BEGIN
+    FOREACH legacy IN ARRAY ARRAY[to_regclass('idempotency.keys_legacy'), to_regclass('idempotency.messages_legacy')] LOOP
+        CONTINUE WHEN legacy IS NULL;
+        EXECUTE format('SELECT NOT EXISTS (SELECT FROM %s)', legacy) INTO empty;
+        CONTINUE WHEN NOT empty;
+        partition_name := legacy::text;
+        BEGIN
+            -- The table and its row type were the extension's (before 0.6.0 the table was
+            -- keys or messages): they leave it first.
+            IF EXISTS (SELECT FROM pg_depend AS d JOIN pg_extension AS e ON e.oid = d.refobjid
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = legacy AND d.deptype = 'e'
+                          AND e.extname = 'idempotency') THEN
+                EXECUTE format('ALTER EXTENSION idempotency DROP TABLE %s', legacy);
+            END IF;
+            IF EXISTS (SELECT FROM pg_depend AS d JOIN pg_extension AS e ON e.oid = d.refobjid
+                        JOIN pg_class AS c ON c.reltype = d.objid
+                        WHERE d.classid = 'pg_type'::regclass AND c.oid = legacy AND d.deptype = 'e'
+                          AND e.extname = 'idempotency') THEN
+                EXECUTE format('ALTER EXTENSION idempotency DROP TYPE %s', legacy);
+            END IF;
+            EXECUTE format('DROP TABLE %s', legacy);
+            action := 'dropped';
+            rows_moved := 0;
+            RETURN NEXT;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idem_sweep: % is empty but was not dropped this time: %', partition_name, SQLERRM;
         END;
     END LOOP;
 END
@@ -199,6 +250,7 @@ BEGIN
     RETURN QUERY
     SELECT * FROM idempotency.partition_maintain(
         'idempotency.messages', 'idempotency.messages_far', 'expires_at', 'scope, message_id', interval '0');
+    RETURN QUERY SELECT * FROM idempotency.legacy_drop_when_empty();
 END
 $$;
 

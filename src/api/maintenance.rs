@@ -305,9 +305,12 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
             let deployment = if sweep.pick.one_server.sql.contains("messages") { tables.messages } else { tables.keys };
             done += sweep_part(client, sweep, deployment, cut_off, span, budget - done);
         }
-        for (legacy, statement) in [(legacy_keys, &MOVE_KEYS_LEGACY), (legacy_messages, &MOVE_MESSAGES_LEGACY)] {
+        for (legacy, statement, table) in [
+            (legacy_keys, &MOVE_KEYS_LEGACY, "idempotency.keys_legacy"),
+            (legacy_messages, &MOVE_MESSAGES_LEGACY, "idempotency.messages_legacy"),
+        ] {
             if legacy && done < budget {
-                move_legacy(client, statement, now, budget - done);
+                move_legacy(client, statement, table, now, budget - done);
             }
         }
         done += sweep_outbound(client, budget - done);
@@ -401,11 +404,17 @@ static MOVE_MESSAGES_LEGACY: Statement = Statement {
     columns: &[],
 };
 
-fn move_legacy(client: &mut SpiClient<'_>, statement: &'static Statement, now: TimestampWithTimeZone, budget: i64) {
+fn move_legacy(
+    client: &mut SpiClient<'_>,
+    statement: &'static Statement,
+    table: &str,
+    now: TimestampWithTimeZone,
+    budget: i64,
+) {
     spi::run(client, statement, &[now.into(), budget.into()]);
     let moved = spi::processed();
     if moved > 0 {
-        pgrx::notice!("idem_sweep: moved {moved} live records into the partitions ({})", statement.sql.split_whitespace().nth(4).unwrap_or(""));
+        pgrx::notice!("idem_sweep: moved {moved} live records from {table} into the partitions");
     }
 }
 

@@ -18,7 +18,12 @@
 \pset format unaligned
 \pset tuples_only on
 WITH ns AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'idempotency'),
-rel AS (SELECT c.* FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM ns))
+-- The periods idem_sweep makes (keys_20261207t000000 ...) are data, not what an install made.
+periods AS (SELECT c.oid FROM pg_catalog.pg_class c
+             WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relname ~ '^(keys|messages)_[0-9]{8}t[0-9]{6}'),
+rel AS (SELECT c.* FROM pg_catalog.pg_class c WHERE c.relnamespace = (SELECT oid FROM ns)
+          AND c.oid NOT IN (SELECT oid FROM periods)
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_index i WHERE i.indexrelid = c.oid AND i.indrelid IN (SELECT oid FROM periods)))
 SELECT line FROM (
     SELECT 'signature ' || p.proname || '(' || pg_catalog.pg_get_function_arguments(p.oid) || ')'
            || coalesce(' returns ' || pg_catalog.pg_get_function_result(p.oid), '')
@@ -54,6 +59,7 @@ SELECT line FROM (
     SELECT 'constraint ' || coalesce(k.conrelid::pg_catalog.regclass::text, '-') || '.' || k.conname || ' '
            || pg_catalog.pg_get_constraintdef(k.oid)
       FROM pg_catalog.pg_constraint k WHERE k.connamespace = (SELECT oid FROM ns)
+       AND k.conrelid NOT IN (SELECT oid FROM periods)
     UNION ALL
     SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid)
       FROM rel c JOIN pg_catalog.pg_index i ON i.indrelid = c.oid
@@ -65,6 +71,7 @@ SELECT line FROM (
            || ' comment=' || coalesce(pg_catalog.obj_description(t.oid, 'pg_type'), '-')
       FROM pg_catalog.pg_type t
      WHERE t.typnamespace = (SELECT oid FROM ns) AND t.typtype IN ('c', 'd', 'e', 'r', 'm')
+       AND t.typrelid NOT IN (SELECT oid FROM periods)
        AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = t.typrelid) = 'c')
     UNION ALL
     SELECT 'config_dump ' || coalesce((SELECT pg_catalog.string_agg(x::pg_catalog.regclass::text, ',' ORDER BY x::pg_catalog.regclass::text)

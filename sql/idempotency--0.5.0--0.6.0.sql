@@ -337,18 +337,18 @@ BEGIN
          WHERE NOT b.is_default AND b.lower_bound IS NOT NULL AND b.upper_bound + grace <= now()
          ORDER BY b.upper_bound
     LOOP
+        partition_name := p.part::text;
         BEGIN
             EXECUTE pg_catalog.format('DROP TABLE %s', p.part);
             action := 'dropped';
-            partition_name := p.part::text;
             rows_moved := greatest(p.reltuples, 0)::bigint;
             RETURN NEXT;
         EXCEPTION
             WHEN lock_not_available THEN
-                RAISE NOTICE 'idem_sweep: % was not dropped this time (a transaction was using the table); the next sweep drops it', p.part;
+                RAISE NOTICE 'idem_sweep: % was not dropped this time (a transaction was using the table); the next sweep drops it', partition_name;
                 EXIT;
             WHEN OTHERS THEN
-                RAISE WARNING 'idem_sweep: % was not dropped: %', p.part, SQLERRM;
+                RAISE WARNING 'idem_sweep: % was not dropped: %', partition_name, SQLERRM;
                 EXIT;
         END;
     END LOOP;

@@ -22,7 +22,7 @@ use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::keylock::{self, Space};
 use crate::spi::{self, get_not_null, Kind, Statement};
-use crate::{settings, validate};
+use crate::{policy, settings, validate};
 
 // The id's latest record (a partition about to be dropped may still hold an older one).
 static READ: Statement = Statement {
@@ -125,7 +125,13 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
         if live(&first) {
             return Ok(false);
         }
-        keylock::lock(Space::Messages, scope, message_id);
+        // Row-level security: the INSERT policy answers before any wait (src/policy.rs).
+        if !keylock::try_lock(Space::Messages, scope, message_id) {
+            if policy::applies(c"messages") {
+                policy::trial(|| record(client, scope, &[message_id], now, now + ttl, false));
+            }
+            keylock::lock(Space::Messages, scope, message_id);
+        }
         let latest = read_latest(client, scope, message_id, now);
         if latest != first {
             if snapshot_is_kept() {
@@ -234,8 +240,16 @@ fn seen_many(
         if new.is_empty() {
             return Ok(HashSet::new());
         }
-        for id in &new {
-            keylock::lock(Space::Messages, scope, id);
+        // In byte order: the ids free now at once, then (after the policy's answer where
+        // row-level security applies, src/policy.rs) the rest, waiting for each in turn.
+        let free = new.iter().take_while(|id| keylock::try_lock(Space::Messages, scope, id)).count();
+        if free < new.len() {
+            if policy::applies(c"messages") {
+                policy::trial(|| record(client, scope, &new, now, now + ttl, false));
+            }
+            for id in &new[free..] {
+                keylock::lock(Space::Messages, scope, id);
+            }
         }
         // SAFETY: pushed and popped around the read; an error's abort unwinds the stack.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };

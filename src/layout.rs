@@ -74,7 +74,8 @@ pub unsafe fn leaves_to_read(rel: pg_sys::Relation, now: TimestampWithTimeZone, 
     if nparts == 0 {
         return Some(Vec::new());
     }
-    if info.is_null() || (*info).strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+    // 'r' (PARTITION_STRATEGY_RANGE, a constant of its own up to 15, of an enum since 16).
+    if info.is_null() || (*info).strategy as u8 != b'r' {
         return None;
     }
     let mut parts = vec![Bounds { lower: None, upper: None }; nparts];

@@ -551,7 +551,7 @@ def overlapping(log: list[dict]) -> list[str]:
     bad = []
     for key in {e["key"] for e in log}:
         mine = sorted((e for e in log if e["key"] == key), key=lambda e: e["t"])
-        if any(b["t"] < a["end"] - 0.05 for a, b in zip(mine, mine[1:])):
+        if any(b["t"] < a["end"] - 0.05 for a, b in zip(mine, mine[1:], strict=False)):
             bad.append(key)
     return bad
 

@@ -34,8 +34,14 @@ SCHEMA = ("CREATE TABLE IF NOT EXISTS send_demo_orders (id text PRIMARY KEY, amo
           "payment_key text NOT NULL)")
 
 
+_out = threading.Lock()
+
+
 def say(line: str) -> None:
-    print(line, flush=True)
+    """One whole line (the sender's threads print at once)."""
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def describe(result) -> tuple[str, str]:

@@ -63,8 +63,8 @@ class _Stream(httpcore.NetworkStream):
 
     def start_tls(self, ssl_context, server_hostname: str | None = None,
                   timeout: float | None = None) -> httpcore.NetworkStream:
-        inner = self._inner.start_tls(ssl_context, server_hostname, self._deadline.left(timeout, httpcore.ConnectTimeout))
-        return _Stream(inner, self._deadline)
+        left = self._deadline.left(timeout, httpcore.ConnectTimeout)
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, left), self._deadline)
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)

@@ -538,7 +538,8 @@ class Sender:
                 try:
                     if listener is None:
                         listener = self._listen()
-                        self._db()
+                        with self._lock:
+                            self._db()
                         if failures:
                             log.info("reconnected to the database", extra={"db_reconnected": True})
                         self._record_unrecorded()

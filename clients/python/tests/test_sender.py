@@ -95,7 +95,7 @@ def test_setting_values_are_checked_and_only_those_given():
     for budget in (-0.1, math.nan, math.inf, 1_000_001, "0.1"):
         with pytest.raises(ValueError, match="retry_budget must be a number from 0 to"):
             setting_values(retry_budget=budget)
-    for bad in (timedelta(0), timedelta(seconds=-1), timedelta(days=365 * 10_001)):
+    for bad in (timedelta(0), timedelta(seconds=-1), timedelta(days=3_600_000, microseconds=1)):
         with pytest.raises(ValueError, match="backoff_cap must be a positive interval"):
             setting_values(backoff_cap=bad)
 
@@ -119,6 +119,21 @@ def test_error_code_is_the_sqlstate_or_the_class():
     assert error_code(psycopg.errors.AdminShutdown("x")) == "57P01"
     assert error_code(psycopg.OperationalError("connection refused")) == "OperationalError"
     assert first_line(psycopg.OperationalError("connection failed\n\tIs the server running?")) == "connection failed"
+
+
+def test_the_longest_backoff_the_sender_allows_is_one_the_database_takes(send_db):
+    """The sender's limit is the extension's (10000 years, as PostgreSQL compares intervals):
+    a result recorded with the longest cap and base the sender allows is no error."""
+    r = Receiver([(503, {})])
+    try:
+        op = new_op("longest")
+        prepared(send_db, op, "t-longest")
+        longest = timedelta(days=3_600_000)
+        with sender(send_db, r, "t-longest", backoff_base=longest, backoff_cap=longest) as s:
+            result = s.deliver("shop", op)
+        assert isinstance(result, (NotYet, Unknown)) and result.last_status == 503, result
+    finally:
+        r.close()
 
 
 def test_the_settings_text_is_what_the_database_reads(send_db):

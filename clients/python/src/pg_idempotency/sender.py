@@ -168,9 +168,10 @@ def check_timeout(timeout: float, lease: timedelta) -> None:
                          "that outlives its lease runs beside the attempt of the sender that takes the send over")
 
 
-# The extension's limits of its settings (docs/reference.md).
+# The extension's limits of its settings (docs/reference.md): a budget of at most 1,000,000,
+# intervals of at most 10000 years, which PostgreSQL compares as 120000 months of 30 days.
 MAX_RETRY_BUDGET = 1_000_000.0
-MAX_INTERVAL = timedelta(days=365 * 10_000)
+MAX_INTERVAL = timedelta(days=10_000 * 12 * 30)
 
 
 def check_interval(name: str, value: timedelta) -> timedelta:

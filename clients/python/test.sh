@@ -7,7 +7,7 @@
 #      pooling) in front of it
 #   3. pytest: the client and the fingerprint against the real extension, the FastAPI
 #      (uvicorn) and Django (gunicorn) demo apps as real servers over real HTTP, directly and
-#      through PgBouncer; FastAPI apps writing with SQLAlchemy sessions (tests/test_sqlalchemy.py); a second cluster stopped and started under them (503 while down);
+#      through PgBouncer; FastAPI apps writing with SQLAlchemy sessions (tests/test_sqlalchemy.py); a second cluster stopped and started under them (503 while down) and under the sender's worker;
 #      README.md's install block run as it is in a fresh venv (from PyPI, pinned through
 #      PIP_CONSTRAINT; IDEM_PY_SKIP_README=1 skips it) and README's first app against the database
 # Last line: "python-client: N passed, M failed" (from pytest's junit report; skipped tests are

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import uuid
 
 import psycopg
 import pytest
 
-from conftest import APPS, Server, with_database
+from conftest import APPS, OUTAGE_DIR, Server, outage_pg_ctl as pg_ctl, with_database
 
-OUTAGE_DIR = os.environ.get("IDEM_PY_OUTAGE_DIR")
 AMOUNT = {"amount": 700, "currency": "eur"}
-
-
-def pg_ctl(*args: str) -> None:
-    cmd = [os.path.join(os.environ["IDEM_PY_PGBIN"], "pg_ctl"), "-D", os.path.join(OUTAGE_DIR, "data"), "-w", *args]
-    if os.getuid() == 0:  # PostgreSQL refuses to run as root
-        cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    subprocess.run(cmd, check=True, cwd="/", stdout=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")

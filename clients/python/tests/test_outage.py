@@ -190,7 +190,7 @@ def test_stop_under_a_busy_app_only_503_within_the_bound_then_start(pool_app):
     def client():
         while not done.is_set():
             key, sent = new_key(), time.monotonic()
-            reply, took = timed(lambda: pool_app.post(key))
+            reply, took = timed(lambda key=key: pool_app.post(key))
             answers.append((key, reply, sent, took))
 
     clients = [threading.Thread(target=client) for _ in range(8)]

@@ -8,7 +8,6 @@ transaction.
                    "POST /charges/external": RoutePolicy(mode=COMMITTED_FIRST)},
         "TENANT": "myapp.auth.tenant_of",     # callable(request) -> str, or its dotted path
         "DATABASE": "default",
-        "CONNECTION_TIMEOUT": 1.0,            # seconds spent replacing connections found dead
     }
 
 Views find an `IdempotencyContext` in `request.idempotency`.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -61,21 +59,23 @@ def forget_if_closed(alias: str) -> None:
         wrapper.close()
 
 
-def live_connection(alias: str, timeout: float) -> psycopg.Connection:
+# How many connections found dead are replaced in a row (each one a pool could hold).
+_REPLACEMENTS = 16
+
+
+def live_connection(alias: str) -> psycopg.Connection:
     """raw_connection(alias), replaced first if the server closed it while it sat idle (a
     persistent connection, CONN_MAX_AGE, or one of Django's pool, across a database restart):
     nothing is sent to find out (pg_idempotency.health). Within an atomic block the connection
     is the application's transaction's, and left as it is."""
     wrapper = connections[alias]
-    deadline = time.monotonic() + timeout
-    while True:
+    for _ in range(_REPLACEMENTS):
         conn = raw_connection(alias)
         if wrapper.in_atomic_block or not is_dead(conn):
             return conn
         log.info("Django's connection %r was closed by the server (a restart?): opening another", alias)
         wrapper.close()
-        if time.monotonic() > deadline:
-            return raw_connection(alias)
+    return raw_connection(alias)
 
 
 class IdempotencyContext(ClaimContext):
@@ -159,7 +159,6 @@ class IdempotencyMiddleware:
         scope_function = config.get("SCOPE", http.default_scope)
         self.scope_function = import_string(scope_function) if isinstance(scope_function, str) else scope_function
         self.alias = config.get("DATABASE", "default")
-        self.connection_timeout = float(config.get("CONNECTION_TIMEOUT", 1.0))
         self.client = Idempotency()
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -200,7 +199,7 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         response = None
         try:
-            live_connection(self.alias, self.connection_timeout)
+            live_connection(self.alias)
             with transaction.atomic(using=self.alias):
                 response = self.get_response(request)
                 if not policy.stores(response.status_code):
@@ -243,7 +242,7 @@ class IdempotencyMiddleware:
         """As asgi's: repeated once, with the same token, on a broken connection."""
         token = uuid.uuid4()
         try:
-            return self.claim(live_connection(self.alias, self.connection_timeout), idem_scope, key, fingerprint,
+            return self.claim(live_connection(self.alias), idem_scope, key, fingerprint,
                               policy, token)
         except psycopg.OperationalError as e:
             if not (self.client.known_features and self.client.known_features.claim_token):
@@ -261,7 +260,7 @@ class IdempotencyMiddleware:
         outermost = not connections[self.alias].in_atomic_block
         for last in (False, True):
             try:
-                live_connection(self.alias, self.connection_timeout)
+                live_connection(self.alias)
                 with transaction.atomic(using=self.alias):
                     try:
                         return self.in_transaction(request, idem_scope, key, fingerprint, policy, outermost)

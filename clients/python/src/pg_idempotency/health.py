@@ -33,16 +33,16 @@ def _readable(fd: int) -> bool:
 
 
 @contextmanager
-def last_words(conn: psycopg.Connection | psycopg.AsyncConnection) -> Iterator[list[psycopg.errors.Diagnostic]]:
-    """While the block runs: the server's last message to this connection, if it ended the
-    session between two statements (libpq hands an error that reaches a connection between
-    statements to the notice handlers, where psycopg would drop it). A statement that failed
-    after that was never run: the session had ended before it."""
-    heard: list[psycopg.errors.Diagnostic] = []
+def last_words(conn: psycopg.Connection | psycopg.AsyncConnection) -> Iterator[list[str]]:
+    """While the block runs: the SQLSTATE of the server's last message to this connection, if it
+    ended the session between two statements (libpq hands an error that reaches a connection
+    between statements to the notice handlers, where psycopg would drop it). A statement that
+    failed after that was never run: the session had ended before it."""
+    heard: list[str] = []
 
     def hear(diagnostic: psycopg.errors.Diagnostic) -> None:
-        if diagnostic.severity_nonlocalized in _LAST_WORDS:
-            heard.append(diagnostic)
+        if diagnostic.severity_nonlocalized in _LAST_WORDS:  # read now: valid during the call only
+            heard.append(diagnostic.sqlstate or "")
 
     conn.add_notice_handler(hear)
     try:

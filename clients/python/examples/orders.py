@@ -1,6 +1,6 @@
 """The README's example app: POST /orders made idempotent with FastAPI and a psycopg pool.
 
-    pip install "pg-idempotency[fastapi]" uvicorn
+    pip install "pg-idempotency[fastapi]" uvicorn    # until it is on PyPI: README.md, Install
     DATABASE_URL=postgresql://app@localhost/app uvicorn orders:app
 
 The database needs `CREATE EXTENSION idempotency`; the app creates its table.

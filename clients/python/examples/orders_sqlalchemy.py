@@ -1,7 +1,7 @@
 """The README's SQLAlchemy example: POST /orders made idempotent with FastAPI, the row written
 with the application's own SQLAlchemy session, in the claim's transaction.
 
-    pip install "pg-idempotency[fastapi,sqlalchemy]" uvicorn
+    pip install "pg-idempotency[fastapi,sqlalchemy]" uvicorn    # until it is on PyPI: README.md, Install
     DATABASE_URL=postgresql+psycopg://app@localhost/app uvicorn orders_sqlalchemy:app
 
 The database needs `CREATE EXTENSION idempotency`; the app creates its table.

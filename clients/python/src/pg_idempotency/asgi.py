@@ -332,7 +332,10 @@ class IdempotencyMiddleware:
             log.warning("%s / %s was taken over while its handler ran: its step was refused", idem_scope, key)
             return http.fenced_answer()
         except Exception as e:
-            log.exception("handler failed")
+            if unavailable(e):
+                log.warning("%s / %s: the database went away while the handler ran: %s", idem_scope, key, e)
+            else:
+                log.exception("handler failed")
             status, headers, out = 500, [], b""
             error = e
         finally:

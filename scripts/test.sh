@@ -119,6 +119,8 @@ register_suites() {
         tests/monitoring/run.sh
     register python-client   15   full ext     'the tests of the Python middleware package, over real HTTP, also through PgBouncer' \
         clients/python/test.sh
+    register artifacts-python 15  full ext     'the Python package as PyPI will ship it: the wheel and the sdist built (`scripts/build-artifacts.sh python`), the wheel installed into a fresh project outside the clone, the README'"'"'s example apps run against a database restarted, stopped (503 within 2 s) and started again; the sdist installed ([tests/artifacts/python.sh](tests/artifacts/python.sh))' \
+        tests/artifacts/python.sh
     register node-client     15   full ext     'the tests of the Node middleware package, over real HTTP, also through PgBouncer' \
         clients/node/test.sh
     register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \

@@ -20,7 +20,8 @@ pub fn applies(table: &std::ffi::CStr) -> bool {
         }
         let relid = pg_sys::get_relname_relid(table.as_ptr(), namespace);
         relid != pg_sys::InvalidOid
-            && pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true) == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
+            && pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
+                == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
     }
 }
 

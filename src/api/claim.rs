@@ -26,9 +26,9 @@ use crate::api::wait;
 use crate::api::write;
 use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
+use crate::keylock::{self, Space};
 use crate::record::{Outcome, Status};
 use crate::spi::{self, get, Kind, Statement};
-use crate::keylock::{self, Space};
 use crate::{policy, settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
@@ -143,9 +143,8 @@ fn claim_at(request: &Request<'_>, now: TimestampWithTimeZone) -> Result<Answer,
             Next::NewClaim | Next::TakeOver { .. } => in_progress(&held),
         });
     }
-    let first = direct::read(Table::Keys, request.scope, request.key, READ.columns, now, |row| {
-        row.map(Record::read)
-    });
+    let first =
+        direct::read(Table::Keys, request.scope, request.key, READ.columns, now, |row| row.map(Record::read));
     let first = first.map(|record| (decide(request, now, record.as_ref()), record.map(|r| r.token)));
     if let Some((Next::Answer(answer), _)) = first {
         return Ok(answer);
@@ -288,7 +287,8 @@ fn claim_with_spi(
                 // Row-level security: the INSERT policy answers before any wait for the lock,
                 // and before a deferred claim holds the key (src/policy.rs).
                 let rls = policy::applies(c"keys");
-                let mut trial = || policy::trial(|| write::create(client, &claim.record(scope, key, None), None));
+                let mut trial =
+                    || policy::trial(|| write::create(client, &claim.record(scope, key, None), None));
                 if !keylock::try_lock(Space::Keys, scope, key) {
                     if rls {
                         trial();

@@ -239,7 +239,10 @@ fn seen_many(
                 if direct::legacy_exists(Table::Messages) { &LATEST_WITH_LEGACY } else { &LATEST };
             spi::run(client, statement, &[scope.into(), distinct.clone().into()])
                 .map(|row| {
-                    (get_not_null::<String>(&row, statement, "message_id"), spi::get(&row, statement, "latest"))
+                    (
+                        get_not_null::<String>(&row, statement, "message_id"),
+                        spi::get(&row, statement, "latest"),
+                    )
                 })
                 .collect()
         };
@@ -281,7 +284,8 @@ fn seen_many(
             .copied()
             .filter(|id| !after.iter().any(|(seen, expiry)| seen == id && expiry.is_some_and(|e| e > now)))
             .collect();
-        let expired = still_new.iter().any(|id| after.iter().any(|(seen, expiry)| seen == id && expiry.is_some()));
+        let expired =
+            still_new.iter().any(|id| after.iter().any(|(seen, expiry)| seen == id && expiry.is_some()));
         if !still_new.is_empty() {
             record(client, scope, &still_new, now, now + ttl, expired);
         }

@@ -180,7 +180,8 @@ export class Idempotency {
         else await held.db.query('ROLLBACK').catch((r) => held.markBroken(r));
         held.release();
         if (!isUnavailable(e) || attempt > 1) throw e;
-        o.logger.warn(`pg-idempotency: ${claim?.scope ?? ''} ${claim?.key ?? ''}: the connection failed before the claim was answered (${e.message}); sending it once more on another connection`);
+        const what = claim ? `${claim.scope} ${claim.key}: the connection failed before the claim was answered` : 'BEGIN failed';
+        o.logger.warn(`pg-idempotency: ${what} (${e.message}); sending it once more on another connection`);
         await nextTurn(); // the pool first hears of the other connections the server closed
       }
     }

@@ -8,12 +8,14 @@
 #   python   the wheel and the sdist of clients/python (`python -m build`, with its isolated
 #            build environment; `build` is installed into a throwaway venv when the Python at
 #            hand lacks it). Versions pinned by clients/python/constraints.txt (PIP_CONSTRAINT).
+#   node     the tarball npm would publish from clients/node (`npm pack`: the package.json
+#            `files`, no install needed), pg-idempotency-VERSION.tgz
 #
 # A language is a function build_LANG OUTDIR below, listed in LANGS. The paths of what was
 # built are printed last, one a line (the build's own output goes to stderr).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LANGS="python"
+LANGS="python node"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "build-artifacts.sh: $*" >&2; exit 2; }
@@ -30,6 +32,12 @@ build_python() { # build_python OUTDIR
     "$py" -m build --outdir "$out" "$ROOT/clients/python" >&2
     [ -z "$scratch" ] || rm -rf "$scratch"
     ls "$out"/*.whl "$out"/*.tar.gz
+}
+
+build_node() { # build_node OUTDIR
+    local out=$1
+    (cd "$ROOT/clients/node" && npm pack --pack-destination "$out" --loglevel=warn >&2)
+    ls "$out"/*.tgz
 }
 
 case ${1:-} in

@@ -123,6 +123,8 @@ register_suites() {
         tests/artifacts/python.sh
     register node-client     15   full ext     'the tests of the Node middleware package, over real HTTP, also through PgBouncer' \
         clients/node/test.sh
+    register artifacts-node  15   full ext     'the Node package as npm will ship it: the tarball built (`scripts/build-artifacts.sh node`), installed as the README says into a fresh project outside the clone (express from the registry), the README'"'"'s example app run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/node.sh](tests/artifacts/node.sh))' \
+        tests/artifacts/node.sh
     register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \
         clients/rust/test.sh
     register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \

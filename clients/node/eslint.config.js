@@ -6,7 +6,7 @@ import globals from 'globals';
 export default [
   js.configs.recommended,
   {
-    files: ['clients/node/**/*.js'],
+    files: ['clients/node/**/*.js', 'clients/node/**/*.mjs'],
     languageOptions: { ecmaVersion: 2023, sourceType: 'module', globals: globals.node },
     // Express tells an error handler by its four parameters: the one it does not use is _next.
     rules: { 'no-unused-vars': ['error', { argsIgnorePattern: '^_' }] },

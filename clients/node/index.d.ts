@@ -23,6 +23,11 @@ export interface ClaimOptions {
   wait?: IntervalInput;
   /** Used when the extension has it (release 0.4.0); always read the result's token. */
   token?: string;
+  /**
+   * Used when the extension has it (release 0.6.0): for a claim completed in the same transaction,
+   * a free key's record is written once, by idem_complete (or its in_progress record at COMMIT).
+   */
+  deferred?: boolean;
 }
 
 export interface ClaimResult {
@@ -66,6 +71,7 @@ export interface KeyRecord {
 export interface Features {
   wait: boolean;
   token: boolean;
+  deferred: boolean;
   seenMany: boolean;
 }
 
@@ -81,7 +87,7 @@ export declare class IdempotencyClient {
     options?: { body?: unknown; bodyJson?: string | null; headers?: Record<string, string> | null }): Promise<string | null>;
   /** BEGIN and the claim in one round trip on a connection of its own; the transaction is left open. */
   beginAndClaim(scope: string, key: string,
-    options?: { fingerprint?: string | null; ttl?: IntervalInput }): Promise<ClaimResult>;
+    options?: { fingerprint?: string | null; ttl?: IntervalInput; deferred?: boolean }): Promise<ClaimResult>;
   /** idem_complete and COMMIT in one round trip; COMMIT is not run when the completion fails. */
   completeAndCommit(scope: string, key: string, token: string, status: number,
     options?: { bodyJson?: string | null; headers?: Record<string, string> | null }): Promise<string | null>;
@@ -112,6 +118,12 @@ export declare class SerializationError extends IdempotencyError {}
 export declare class LockTimeoutError extends IdempotencyError {}
 export declare class PermissionDeniedError extends IdempotencyError {}
 export declare class UnsupportedFeatureError extends IdempotencyError {}
+/** No pool connection within the middleware's connectionTimeout, or the pool could not open one (`cause`). */
+export declare class NoConnectionError extends Error {
+  constructor(message: string, cause?: unknown);
+}
+/** Whether the error is the server's own error answer (it has a severity), not the connection's. */
+export declare function isServerError(e: unknown): boolean;
 /** The typed error for a node-postgres error, or the error itself. */
 export declare function mapError(e: unknown): unknown;
 /** Whether a node-postgres / pg-pool error means the database is unavailable (refused, reset, pool timeout, shutting down). */
@@ -220,7 +232,10 @@ export interface RouteOptions<Req = any> {
 }
 
 export interface IdempotencyOptions extends RouteOptions {
+  /** The application's pool. Without an 'error' listener of its own, the middleware adds one that logs. */
   pool: Pool;
+  /** Milliseconds the middleware waits for a pool connection (default 1000), whatever the pool's own timeout: then 503. */
+  connectionTimeout?: number;
 }
 
 export interface ExecuteInput {
@@ -239,6 +254,7 @@ export interface Answer {
 export declare class Idempotency {
   constructor(options: IdempotencyOptions);
   pool: Pool;
+  connectionTimeout: number;
   client: IdempotencyClient;
   execute<Req>(routeOptions: RouteOptions<Req>, handler: Handler<Req>, req: Req, input: ExecuteInput): Promise<Answer>;
 }

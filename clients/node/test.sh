@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Node package's suite: installs what it needs (npm ci from
-# package-lock.json), packs the package (npm pack), starts a throwaway PostgreSQL 15 cluster with the
+# package-lock.json), packs the package (scripts/build-artifacts.sh node: npm pack), starts a throwaway PostgreSQL 15 cluster with the
 # extension (tests/lib.sh) and Debian's pgbouncer in transaction-pooling mode in front of it, and
 # runs `node --test` (client, demo apps over real HTTP, crashes, the database stopped under the demos,
-# pgbouncer, types, the packed tarball, the README's install command and examples in $dir/readme).
+# pgbouncer, types, the packed tarball, the README's install commands and example apps in $dir/readme).
 #
 # Ports and folder: tests/lib.sh's "node" row (PostgreSQL, pgbouncer = +1) and its folder; the demo
 # servers listen from DEMO_PORT_BASE (default: tests/lib.sh's node-demos). NODE_SUITE_PORT / NODE_SUITE_DIR override.
@@ -27,8 +27,8 @@ npm ci --no-audit --no-fund --loglevel=error
 cluster_stop "$dir/pg"
 rm -rf "$dir"
 mkdir -p "$dir"
-echo "== npm pack"
-pack_file=$dir/$(npm pack --silent --pack-destination "$dir" | tail -1)
+echo "== scripts/build-artifacts.sh node (npm pack)"
+pack_file=$("$ROOT/scripts/build-artifacts.sh" node "$dir/dist" | tail -1)
 
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {

@@ -67,7 +67,8 @@ RETURNING ${CHARGE_JSON}`;
 const SELECT_CHARGE = `SELECT ${CHARGE_JSON} FROM charges WHERE id = $1 AND tenant = $2`;
 
 export async function openPool(databaseUrl) {
-  // connectionTimeoutMillis: with no connection in 5 s, the request is answered 503.
+  // connectionTimeoutMillis bounds the demo's own queries (GET /charges/:id: 503 after 5 s without a
+  // connection); the middleware waits 1 s at most for its own (createIdempotency's connectionTimeout).
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 20, connectionTimeoutMillis: 5000 });
   pool.on('error', (e) => console.error('demo: idle database connection failed:', e.message));
   await pool.query(SCHEMA);

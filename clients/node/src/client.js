@@ -15,6 +15,7 @@ export const Outcome = Object.freeze({
 const FEATURES_SQL = `
 SELECT coalesce(bool_or(p.proname = 'idem_claim' AND 'wait' = ANY (p.proargnames)), false) AS wait,
        coalesce(bool_or(p.proname = 'idem_claim' AND 'token' = ANY (p.proargnames)), false) AS token,
+       coalesce(bool_or(p.proname = 'idem_claim' AND 'deferred' = ANY (p.proargnames)), false) AS deferred,
        coalesce(bool_or(p.proname = 'idem_seen_many'), false) AS seen_many
 FROM pg_catalog.pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace`;
@@ -97,7 +98,7 @@ export class IdempotencyClient {
   features() {
     if (!this.shared.features) {
       this.shared.features = this.query(FEATURES_SQL).then(
-        (r) => ({ wait: r.rows[0].wait, token: r.rows[0].token, seenMany: r.rows[0].seen_many }),
+        (r) => ({ wait: r.rows[0].wait, token: r.rows[0].token, deferred: r.rows[0].deferred, seenMany: r.rows[0].seen_many }),
         (e) => {
           this.shared.features = undefined;
           throw e;
@@ -117,8 +118,10 @@ export class IdempotencyClient {
   /**
    * idem_claim. `wait` and `token` are passed only when the extension has them (release 0.4.0):
    * otherwise the claim answers at once and makes its own token (use the result's token).
+   * `deferred` (release 0.6.0, for a claim completed in the same transaction) likewise: without
+   * it the claim writes its in_progress record at once, as before.
    */
-  async claim(scope, key, { fingerprint = null, ttl, lease, wait, token } = {}) {
+  async claim(scope, key, { fingerprint = null, ttl, lease, wait, token, deferred = false } = {}) {
     const features = await this.features();
     const params = [scope, key, fingerprint, intervalText(ttl), intervalText(lease)];
     let extra = ', ttl => $4::interval, lease => $5::interval';
@@ -130,6 +133,7 @@ export class IdempotencyClient {
       params.push(token);
       extra += `, token => $${params.length}::uuid`;
     }
+    if (deferred && features.deferred) extra += ', deferred => true';
     const r = await this.query(claimSql(extra), params);
     return claimResult(r.rows[0]);
   }
@@ -137,11 +141,13 @@ export class IdempotencyClient {
   /**
    * `BEGIN` and idem_claim in one round trip (one simple-protocol string of two statements) on a
    * connection of its own (a pg.PoolClient): the transaction stays open, also when the claim
-   * fails (then aborted); the caller ends it (completeAndCommit, or ROLLBACK).
+   * fails (then aborted); the caller ends it (completeAndCommit, or ROLLBACK). `deferred` as in
+   * claim(): a free key's record is then written once, by idem_complete.
    */
-  async beginAndClaim(scope, key, { fingerprint = null, ttl } = {}) {
+  async beginAndClaim(scope, key, { fingerprint = null, ttl, deferred = false } = {}) {
     const args = [scope, key, fingerprint].map(sqlLiteral).join(', ');
-    const r = await this.query(`BEGIN; ${claimSql(`, ttl => ${sqlLiteral(intervalText(ttl))}::interval, lease => NULL::interval`,
+    const defer = deferred && (await this.features()).deferred ? ', deferred => true' : '';
+    const r = await this.query(`BEGIN; ${claimSql(`, ttl => ${sqlLiteral(intervalText(ttl))}::interval, lease => NULL::interval${defer}`,
       `${args}::text`)}`);
     return claimResult(r[1].rows[0]);
   }

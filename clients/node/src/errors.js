@@ -54,6 +54,17 @@ export function mapError(e) {
   return Class ? new Class(e.message, { code: e.code, cause: e }) : e;
 }
 
+/**
+ * No connection from the pool: none came within the middleware's own bound (`connectionTimeout`),
+ * or the pool could not open one (the original error is the `cause`). Nothing was sent.
+ */
+export class NoConnectionError extends Error {
+  constructor(message, cause) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.name = 'NoConnectionError';
+  }
+}
+
 // The database could not be reached: the socket's own errors, the server shutting down, starting
 // or out of connections, a connection exception (class 08), and node-postgres's and pg-pool's
 // errors for a dead connection or a pool that gave none in time (connectionTimeoutMillis).
@@ -64,9 +75,18 @@ const UNREACHABLE_MESSAGES = /^(Connection terminated|timeout exceeded when tryi
 /** Whether `e` (a node-postgres or pg-pool error) means the database is unavailable. */
 export function isUnavailable(e) {
   for (let x = e, depth = 0; x && depth < 5; x = x.cause, depth++) {
+    if (x instanceof NoConnectionError) return true;
     const code = typeof x.code === 'string' ? x.code : '';
     if (UNREACHABLE_CODES.has(code) || /^08[0-9A-Z]{3}$/.test(code)) return true;
     if (typeof x.message === 'string' && UNREACHABLE_MESSAGES.test(x.message)) return true;
+  }
+  return false;
+}
+
+/** Whether `e` is the server's own error answer (an ErrorResponse: it has a severity), not the socket's. */
+export function isServerError(e) {
+  for (let x = e, depth = 0; x && depth < 5; x = x.cause, depth++) {
+    if (typeof x.severity === 'string') return true;
   }
   return false;
 }

@@ -1,8 +1,13 @@
 // The framework-independent part of the Express and Fastify middleware: key, scope, fingerprint,
 // claim, running the handler in one of the two modes, storing or releasing, and the answers.
 import { randomUUID } from 'node:crypto';
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { IdempotencyClient, Outcome } from './client.js';
-import { ClaimTakenOverError, LockTimeoutError, NoLiveRecordError, SerializationError, isUnavailable } from './errors.js';
+import { DEFAULT_CONNECTION_TIMEOUT, HeldConnection, boundedPool, guardPool } from './connection.js';
+import {
+  ClaimTakenOverError, LockTimeoutError, NoConnectionError, NoLiveRecordError, SerializationError, isServerError,
+  isUnavailable,
+} from './errors.js';
 import { fingerprint } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
 import { HttpProblem, problems } from './problem.js';
@@ -14,10 +19,11 @@ export const Mode = Object.freeze({
 });
 
 /**
- * Answers that refuse the request rather than carry it out (the Python and Java packages' list):
- * released, not stored, so a request refused by validation leaves its key free.
+ * Answers that refuse the request rather than carry it out (contract/contract.json's
+ * refused_statuses, the same in every package; test/contract.test.js checks it): released, not
+ * stored, so a request refused by validation leaves its key free.
  */
-export const REFUSED_STATUSES = Object.freeze([400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429]);
+export const REFUSED_STATUSES = Object.freeze([400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429]);
 
 const DEFAULTS = {
   mode: Mode.SAME_TRANSACTION,
@@ -56,14 +62,20 @@ export function answerWithoutWork(c) {
 
 export class Idempotency {
   /**
-   * @param {object} options { pool (pg.Pool), and defaults for every route: mode, tenant, scope,
-   *   ignore, required, ttl, lease, wait, replayHeaders, storeServerErrors, refusedStatuses, logger }
+   * @param {object} options { pool (pg.Pool), connectionTimeout (ms the middleware waits for one of
+   *   its connections, default 1000), and defaults for every route: mode, tenant, scope, ignore,
+   *   required, ttl, lease, wait, replayHeaders, storeServerErrors, refusedStatuses, logger }
    */
-  constructor({ pool, ...defaults }) {
-    if (!pool) throw new TypeError('createIdempotency: `pool` (a pg.Pool) is required');
+  constructor({ pool, connectionTimeout = DEFAULT_CONNECTION_TIMEOUT, ...defaults }) {
+    if (!pool || typeof pool.connect !== 'function') throw new TypeError('createIdempotency: `pool` (a pg.Pool) is required');
+    if (!(Number.isFinite(connectionTimeout) && connectionTimeout > 0)) {
+      throw new TypeError(`createIdempotency: connectionTimeout must be a positive number of milliseconds, not ${connectionTimeout}`);
+    }
     this.pool = pool;
-    this.client = new IdempotencyClient(pool);
+    this.connectionTimeout = connectionTimeout;
+    this.client = new IdempotencyClient(boundedPool(pool, connectionTimeout));
     this.defaults = { ...DEFAULTS, ...defaults };
+    guardPool(pool, this.defaults.logger);
   }
 
   /**
@@ -102,34 +114,18 @@ export class Idempotency {
   // claim that runs nothing (replay, 409, 422, 410) resolves at once: its ROLLBACK is sent while
   // the answer goes out, and the connection goes back to the pool once it is done.
   async #sameTransaction(o, handler, req, claim) {
-    const db = await this.pool.connect();
-    // A checked-out connection the server drops would otherwise emit an unhandled 'error' (the
-    // process dies); the query in flight fails anyway, and the pool is told to discard it.
-    let broken;
-    const onError = (e) => void (broken = e);
-    db.on('error', onError);
-    const release = () => {
-      db.removeListener('error', onError);
-      db.release(broken);
-    };
-    let open = false;
+    const { held, c } = await this.#begin(o, claim);
+    const db = held.db;
+    let open = true;
     let releaseLater = false;
     try {
-      const idem = this.client.on(db);
-      let c = null;
-      if (claim) {
-        open = true; // BEGIN is sent with the claim: a failed claim leaves it to roll back
-        c = await idem.beginAndClaim(claim.scope, claim.key, { fingerprint: claim.fingerprint, ttl: o.ttl });
-        if (c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) {
-          open = false;
-          releaseLater = true;
-          db.query('ROLLBACK').catch((e) => void (broken = e)).finally(release);
-          return answerWithoutWork(c);
-        }
-      } else {
-        await db.query('BEGIN');
-        open = true;
+      if (c && c.outcome !== Outcome.CLAIMED && c.outcome !== Outcome.RECLAIMED) {
+        open = false;
+        releaseLater = true;
+        db.query('ROLLBACK').catch((e) => held.markBroken(e)).finally(() => held.release());
+        return answerWithoutWork(c);
       }
+      const idem = this.client.on(db);
       const ctx = { mode: Mode.SAME_TRANSACTION, db, idem, ...claimContext(claim, c) };
       const res = prepareResponse(await handler(req, ctx), o.replayHeaders);
       if (!claim || notStored(res, o)) {
@@ -143,22 +139,50 @@ export class Idempotency {
           { bodyJson: res.json, headers: res.stored });
       } catch (e) {
         // The server's own error (idem_complete refused, or COMMIT failed): rolled back, as
-        // before; the connection lost on the way: the COMMIT may or may not have happened.
+        // before. The connection lost: see commit().
         if (isUnavailable(e)) {
           open = false;
-          throw new OutcomeUnknown('idem_complete and COMMIT got no answer; the transaction may or may not have committed', e);
+          throw committedOrNot(e, 'idem_complete and COMMIT');
         }
         throw e;
       }
       open = false;
       return send(res, res.isJson ? stored ?? '' : res.text);
     } catch (e) {
-      if (isUnavailable(e)) broken ??= e;
+      if (isUnavailable(e)) held.markBroken(e);
       throw e;
     } finally {
       if (!releaseLater) {
-        if (open && !broken) await db.query('ROLLBACK').catch((e) => void (broken = e));
-        release();
+        if (open && !held.broken) await db.query('ROLLBACK').catch((e) => held.markBroken(e));
+        held.release();
+      }
+    }
+  }
+
+  // A pool connection (within connectionTimeout) with BEGIN and the claim done: { held, c }, c
+  // null without a claim. That transaction cannot have committed whatever became of it, so a claim
+  // whose connection failed (closed by the server while idle in the pool, reset) is sent once more
+  // on another connection, within what is left of the same bound.
+  async #begin(o, claim) {
+    const deadline = Date.now() + this.connectionTimeout;
+    for (let attempt = 1; ; attempt++) {
+      const held = await HeldConnection.take(this.pool, Math.max(1, deadline - Date.now()));
+      try {
+        if (!claim) {
+          await held.db.query('BEGIN');
+          return { held, c: null };
+        }
+        const c = await this.client.on(held.db).beginAndClaim(claim.scope, claim.key,
+          { fingerprint: claim.fingerprint, ttl: o.ttl, deferred: true });
+        return { held, c };
+      } catch (e) {
+        if (isUnavailable(e)) held.markBroken(e);
+        else await held.db.query('ROLLBACK').catch((r) => held.markBroken(r));
+        held.release();
+        if (!isUnavailable(e) || attempt > 1) throw e;
+        const what = claim ? `${claim.scope} ${claim.key}: the connection failed before the claim was answered` : 'BEGIN failed';
+        o.logger.warn(`pg-idempotency: ${what} (${e.message}); sending it once more on another connection`);
+        await nextTurn(); // the pool first hears of the other connections the server closed
       }
     }
   }
@@ -211,15 +235,17 @@ export class Idempotency {
     }
   }
 
-  // A caller-chosen token (extension 0.4.0) makes the claim safe to repeat: when the connection
-  // breaks during it (an error without a SQLSTATE), the same call says whether we own the key.
+  // A caller-chosen token (extension 0.4.0) makes the claim safe to repeat: when its connection
+  // fails during it (not when no connection came at all), the same call on another connection
+  // says whether we own the key. Never deferred: the claim commits first.
   async #claimCommitted(claim, o) {
     const args = { fingerprint: claim.fingerprint, ttl: o.ttl, lease: o.lease, wait: o.wait, token: randomUUID() };
     try {
       return await this.client.claim(claim.scope, claim.key, args);
     } catch (e) {
-      if (!isConnectionError(e) || !(await this.client.features()).token) throw e;
-      o.logger.warn(`pg-idempotency: ${claim.scope} ${claim.key}: the claim's connection failed (${e.message}); repeating it with the same token`);
+      if (!isUnavailable(e) || e instanceof NoConnectionError || !(await this.client.features()).token) throw e;
+      o.logger.warn(`pg-idempotency: ${claim.scope} ${claim.key}: the claim's connection failed (${e.message}); repeating it with the same token on another connection`);
+      await nextTurn();
       return this.client.claim(claim.scope, claim.key, args);
     }
   }
@@ -245,18 +271,25 @@ async function commit(db, statement) {
   try {
     await db.query(statement);
   } catch (e) {
-    // The server's own error answer to COMMIT means it rolled back; a lost connection leaves it unknown.
-    throw statement === 'COMMIT' && isUnavailable(e) ? new OutcomeUnknown('COMMIT got no answer; the transaction may or may not have committed', e) : e;
+    throw statement === 'COMMIT' && isUnavailable(e) ? committedOrNot(e, 'COMMIT') : e;
   }
+}
+
+/**
+ * The connection failed while COMMIT was sent or on its way: `e` itself (answered 503) when the
+ * transaction cannot have committed, an OutcomeUnknown (500) otherwise. It cannot when nothing was
+ * sent (node-postgres refuses a query on a connection it knows is dead) or when the server
+ * answered with its own error (57P01 at a shutdown or pg_terminate_backend: the server ends a
+ * session only where its transaction still rolls back, never between a commit and its answer).
+ */
+function committedOrNot(e, what) {
+  if (isServerError(e) || /is not queryable$/.test(e?.message ?? '')) return e;
+  return new OutcomeUnknown(`${what} got no answer; the transaction may or may not have committed`, e);
 }
 
 /** A 5xx (unless storeServerErrors) or a refusal: rolled back or released, never stored. */
 function notStored(res, o) {
   return (res.status >= 500 && !o.storeServerErrors) || o.refusedStatuses.includes(res.status);
-}
-
-function isConnectionError(e) {
-  return !(typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code));
 }
 
 function isFenced(e) {

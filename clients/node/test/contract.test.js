@@ -1,12 +1,12 @@
 // The package against contract/contract.json, the repository's one description of the contract:
-// its outcome words, its SQLSTATE map and every problem answer the middleware makes (type, title,
-// detail, status, Retry-After) are exactly the description's. No I/O.
+// its outcome words, its SQLSTATE map, its refused statuses and every problem answer the
+// middleware makes (type, title, detail, status, Retry-After) are exactly the description's. No I/O.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 import { Outcome } from '../src/client.js';
 import { BY_SQLSTATE, IdempotencyError, mapError } from '../src/errors.js';
-import { Idempotency, answerWithoutWork } from '../src/middleware.js';
+import { Idempotency, REFUSED_STATUSES, answerWithoutWork } from '../src/middleware.js';
 import { PROBLEMS, PROBLEM_TYPE_PREFIX, contractProblem, problems } from '../src/problem.js';
 
 const contract = JSON.parse(readFileSync(new URL('../../../contract/contract.json', import.meta.url), 'utf8'));
@@ -56,7 +56,14 @@ test('in_progress: Retry-After is the lease left', () => {
   assert.equal(answerWithoutWork({ outcome: 'in_progress', retryAfterSeconds: 7 }).headers['Retry-After'], '7');
 });
 
-const pool = { query: () => { throw new Error('no database in this test'); } };
+test('REFUSED_STATUSES is the contract\'s refused_statuses', () => {
+  assert.deepEqual([...REFUSED_STATUSES], contract.refused_statuses.statuses);
+});
+
+const noDatabase = () => {
+  throw new Error('no database in this test');
+};
+const pool = { connect: noDatabase, query: noDatabase, listenerCount: () => 1 };
 for (const [name, values, slug] of [
   ['missing', [], 'idempotency-key-missing'],
   ['twice', ['"a"', '"b"'], 'idempotency-key-invalid'],

@@ -1,11 +1,12 @@
 // Shared by the tests: the database (DATABASE_URL, a throwaway cluster started by test.sh), demo
 // servers as child processes, and a small HTTP client that can send what fetch will not
 // (duplicated field lines, control characters).
-import { spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { promisify } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { after } from 'node:test';
 import pg from 'pg';
@@ -24,6 +25,21 @@ if (!process.env.DEMO_PORT_BASE) throw new Error("set DEMO_PORT_BASE (test.sh ta
 const firstPort = Number(process.env.DEMO_PORT_BASE) + 5 * fileIndex;
 let taken = 0;
 export const takePort = () => firstPort + (taken++ % 5);
+
+/**
+ * The suite's PostgreSQL server (test.sh: PG_DATA_DIR, PG_BIN), stopped and started with pg_ctl as
+ * the postgres user, without blocking the tests' own requests meanwhile. `skip` says why not when
+ * they are not set.
+ */
+const { PG_DATA_DIR, PG_BIN } = process.env;
+const pgCtl = (...args) => promisify(execFile)('runuser', ['-u', 'postgres', '--', `${PG_BIN}/pg_ctl`, '-D', PG_DATA_DIR, ...args],
+  { cwd: '/' });
+export const database = {
+  skip: PG_DATA_DIR && PG_BIN ? false : 'PG_DATA_DIR and PG_BIN are not set (test.sh sets them)',
+  stop: () => pgCtl('-m', 'fast', '-w', 'stop'),
+  start: () => pgCtl('-l', `${PG_DATA_DIR}/../server.log`, '-w', '-t', '60', 'start'),
+  restart: () => pgCtl('-m', 'fast', '-l', `${PG_DATA_DIR}/../server.log`, '-w', '-t', '60', 'restart'),
+};
 
 export const newTenant = () => 't_' + randomUUID().slice(0, 8);
 export const newKey = () => 'k-' + randomUUID();
@@ -141,6 +157,12 @@ export async function chargeCount(pool, tenant) {
 export async function keyCount(pool, tenant) {
   const { rows } = await pool.query('SELECT count(*)::int AS n FROM idempotency.keys WHERE scope LIKE $1', [tenant + ':%']);
   return rows[0].n;
+}
+
+/** The contract's 503: service-unavailable problem+json with a Retry-After of at least a second. */
+export function isUnavailableAnswer(r) {
+  return isProblem(r, 503) && JSON.parse(r.body).type === 'urn:pg-idempotency:problem:service-unavailable' &&
+    Number(r.headers['retry-after']) >= 1;
 }
 
 export function isProblem(r, status) {

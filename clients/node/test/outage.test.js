@@ -1,24 +1,23 @@
 // The database unavailable under the demo apps: stopped (connections refused, the pool's
 // connections reset) while requests arrive and while one is in its handler, then started again.
 // Every answer meanwhile is 503 service-unavailable with Retry-After; afterwards nothing was lost:
-// earlier keys replay, a key refused meanwhile runs once. Also the classifier on real errors of
-// node-postgres and pg-pool (refused, reset, pool timeout).
+// earlier keys replay, a key refused meanwhile runs once. Every pooled connection cut under them
+// (a TCP proxy in between): the next claim meets a dead connection and is sent again. Also the
+// classifier on real errors of node-postgres and pg-pool (refused, reset, pool timeout), and the
+// middleware's own bound on waiting for a connection.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import net from 'node:net';
 import { after, test } from 'node:test';
 import pg from 'pg';
-import { isUnavailable } from '../src/index.js';
+import { createIdempotency, isUnavailable } from '../src/index.js';
 import {
-  DATABASE_URL, LEASE_MS, chargeCount, newKey, newPool, newTenant, postCharge, quoted, request, sleep, startDemo,
-  waitInProgress,
+  DATABASE_URL, LEASE_MS, chargeCount, database, newKey, newPool, newTenant, postCharge, quoted, request, sleep,
+  startDemo, waitInProgress,
 } from './harness.js';
 
-const { PG_DATA_DIR, PG_BIN } = process.env;
-const skip = PG_DATA_DIR && PG_BIN ? false : 'PG_DATA_DIR and PG_BIN are not set (test.sh sets them)';
-const pgCtl = (...args) => execFileSync('runuser', ['-u', 'postgres', '--', `${PG_BIN}/pg_ctl`, '-D', PG_DATA_DIR, ...args],
-  { cwd: '/', stdio: ['ignore', 'ignore', 'inherit'] });
-const stopDatabase = () => pgCtl('-m', 'fast', '-w', 'stop');
-const startDatabase = () => pgCtl('-l', `${PG_DATA_DIR}/../server.log`, '-w', '-t', '60', 'start');
+const skip = database.skip;
+const stopDatabase = database.stop;
+const startDatabase = database.start;
 
 const pool = newPool();
 after(() => pool.end());
@@ -52,7 +51,7 @@ for (const framework of ['express', 'fastify']) {
         });
         await waitInProgress(pool, `${tenant}:POST /charges/external`, keys.inFlight);
         await sleep(200);
-        stopDatabase();
+        await stopDatabase();
         try {
           for (const route of ['/charges', '/charges/external']) {
             for (const k of ['earlier', 'meanwhile']) {
@@ -64,7 +63,7 @@ for (const framework of ['express', 'fastify']) {
           assert.equal(app.proc.exitCode, null, 'the demo is still running');
           assertUnavailable(await request(app.port, 'GET', '/charges/ch_x', { headers: { 'X-Api-Key': tenant } }), 'GET');
         } finally {
-          startDatabase();
+          await startDatabase();
         }
         for (const route of ['/charges', '/charges/external']) {
           const again = await postCharge(app.port, route, { tenant, key: quoted(keys.earlier) });
@@ -122,4 +121,137 @@ test('isUnavailable: a refused connection, a connection reset under a query, a p
 
   const sqlError = await pool.query('SELECT 1/0').then(() => null, (e) => e);
   assert.equal(isUnavailable(sqlError), false);
+});
+
+/**
+ * A TCP proxy in front of the database whose cut() ends every connection's server side (the
+ * sessions end) and leaves the application's side open, as if alive, until the application sends
+ * on one of them: then every cut connection is reset at once (what a restart or a network failure
+ * does to a connection idle in a pool, which the application hears of only when it uses it).
+ */
+async function cuttingProxy() {
+  const upstream = new URL(DATABASE_URL);
+  const pairs = new Set();
+  const server = net.createServer((app) => {
+    const pair = { app, db: net.connect(Number(upstream.port), upstream.hostname), cut: false };
+    pairs.add(pair);
+    app.on('data', (data) => {
+      if (!pair.cut) return void pair.db.write(data);
+      for (const p of pairs) if (p.cut) p.app.resetAndDestroy();
+    });
+    pair.db.on('data', (data) => app.write(data));
+    const close = () => {
+      pairs.delete(pair);
+      app.destroy();
+      pair.db.destroy();
+    };
+    app.on('close', close);
+    app.on('error', close);
+    pair.db.on('close', () => pair.cut || close());
+    pair.db.on('error', () => pair.cut || close());
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const url = new URL(DATABASE_URL);
+  url.hostname = '127.0.0.1';
+  url.port = String(server.address().port);
+  return {
+    url: url.toString(),
+    cut() {
+      let n = 0;
+      for (const p of pairs) {
+        p.cut = true;
+        p.db.destroy();
+        n++;
+      }
+      return n;
+    },
+    close: () => new Promise((resolve) => {
+      for (const p of pairs) p.app.destroy();
+      server.close(resolve);
+    }),
+  };
+}
+
+for (const framework of ['express', 'fastify']) {
+  test(`${framework} demo: every pooled connection cut; the next claim meets a dead one and is sent again on a new one (both modes)`,
+    async () => {
+      const proxy = await cuttingProxy();
+      const app = await startDemo(framework, { databaseUrl: proxy.url });
+      const tenant = newTenant();
+      try {
+        for (const route of ['/charges', '/charges/external']) {
+          assert.equal((await postCharge(app.port, route, { tenant, key: quoted(newKey()) })).status, 201);
+        }
+        for (const [route, retried] of [['/charges', /sending it once more on another connection/],
+          ['/charges/external', /repeating it with the same token on another connection/]]) {
+          await sleep(200); // the last replay's ROLLBACK, sent after its answer, is done: its connection is idle
+          assert.ok(proxy.cut() > 0, 'the demo holds pooled connections');
+          const key = newKey();
+          const r = await postCharge(app.port, route, { tenant, key: quoted(key) });
+          assert.equal(r.status, 201, `${route}: ${r.status} ${r.body}\n${app.log()}`);
+          assert.equal(r.headers['idempotent-replayed'], undefined);
+          assert.match(app.log(), retried, `${route}: the claim met a dead connection`);
+          assert.equal((await postCharge(app.port, route, { tenant, key: quoted(key) })).headers['idempotent-replayed'], 'true');
+        }
+        assert.equal(await chargeCount(pool, tenant), 4);
+        assert.equal(app.proc.exitCode, null, 'the demo is still running');
+      } finally {
+        await app.stop();
+        await proxy.close();
+      }
+    });
+}
+
+const quiet = () => {
+  const lines = [];
+  return { lines, warn: (...a) => lines.push(a.join(' ')), error: (...a) => lines.push(a.join(' ')) };
+};
+const input = (key) => ({ method: 'POST', route: '/bound', keyValues: [quoted(key)], body: { n: 1 } });
+
+test('no pool connection within connectionTimeout (the pool has no timeout of its own): 503 in both modes, well within 2 s; the late connection goes back to the pool', async () => {
+  const small = new pg.Pool({ connectionString: DATABASE_URL, max: 1 });
+  const logger = quiet();
+  const idem = createIdempotency({ pool: small, logger, connectionTimeout: 300 });
+  const held = await small.connect();
+  try {
+    for (const mode of ['same-transaction', 'committed-first']) {
+      const started = Date.now();
+      const a = await idem.execute({ mode }, () => assert.fail('the handler must not run'), {}, input(newKey()));
+      const took = Date.now() - started;
+      assert.equal(a.status, 503, `${mode}: ${a.body}`);
+      assert.equal(JSON.parse(a.body).type, 'urn:pg-idempotency:problem:service-unavailable');
+      assert.equal(a.headers['Retry-After'], '1');
+      assert.ok(took >= 250 && took < 2000, `${mode}: answered after ${took} ms`);
+    }
+  } finally {
+    held.release();
+  }
+  await sleep(50);
+  assert.equal(small.waitingCount, 0, 'no request left waiting in the pool');
+  assert.equal(small.idleCount, 1, 'the connection that came late went back to the pool');
+  const ok = await idem.execute({}, () => ({ status: 201, body: { ok: true } }), {}, input(newKey()));
+  assert.equal(ok.status, 201, ok.body);
+  assert.match(logger.lines.join('\n'), /no database connection within 300 ms/);
+  await small.end();
+});
+
+test('the pool guard: a pool without an error listener gets one; an idle connection killed by the server is logged, the process lives', async () => {
+  const guarded = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  const logger = quiet();
+  createIdempotency({ pool: guarded, logger });
+  assert.equal(guarded.listenerCount('error'), 1);
+  const { rows: [{ pid }] } = await guarded.query('SELECT pg_backend_pid() AS pid');
+  assert.equal(guarded.idleCount, 1);
+  await pool.query('SELECT pg_terminate_backend($1)', [pid]);
+  for (let i = 0; i < 100 && guarded.totalCount > 0; i++) await sleep(20);
+  assert.equal(guarded.totalCount, 0, 'the pool dropped the dead connection');
+  assert.match(logger.lines.join('\n'), /an idle database connection failed \(terminating connection due to administrator command\)/);
+  assert.equal((await guarded.query('SELECT 1 AS one')).rows[0].one, 1, 'the pool opens a new one');
+  await guarded.end();
+
+  const own = new pg.Pool({ connectionString: DATABASE_URL });
+  own.on('error', () => {});
+  createIdempotency({ pool: own, logger });
+  assert.equal(own.listenerCount('error'), 1, 'a listener of the application\'s own: none added');
+  await own.end();
 });

@@ -1,10 +1,12 @@
 // How many round trips to PostgreSQL a protected request costs, seen on the wire: the demo servers
 // (real HTTP) talk to the database through a TCP proxy that records what the application sends in
-// each of its turns (a turn: the bytes it sends before the server answers).
+// each of its turns (a turn: the bytes it sends before the server answers). Also that the
+// same-transaction claim is deferred (extension 0.6.0) and the committed-first one is not: on the
+// wire, and from another session while the handler runs.
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, describe, test } from 'node:test';
-import { DATABASE_URL, newKey, newTenant, postCharge, quoted, sleep, startDemo } from './harness.js';
+import { DATABASE_URL, newKey, newPool, newTenant, postCharge, quoted, sleep, startDemo, waitInProgress } from './harness.js';
 
 /**
  * Records each client turn once a connection's startup is over (after the server's first
@@ -72,6 +74,32 @@ function shape(recorder, mark) {
   });
 }
 
+/** The text of the first turn since `mark` that holds a claim. */
+function claimTurn(recorder, mark) {
+  return recorder.turns.slice(mark).map((chunks) => Buffer.concat(chunks).toString('utf8')).find((t) => t.includes('idem_claim'));
+}
+
+const pool = newPool();
+after(() => pool.end());
+
+/** The sessions holding a key lock (pg_locks: advisory, objsubid 7649), once there is one. */
+async function keyLockHolders() {
+  for (let i = 0; i < 250; i++) {
+    const { rows } = await pool.query(`
+      SELECT a.pid, a.backend_xid IS NULL AS no_transaction_id, a.state
+      FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+      WHERE l.locktype = 'advisory' AND l.objsubid = 7649 AND l.granted`);
+    if (rows.length > 0) return rows;
+    await sleep(20);
+  }
+  throw new Error('no session took a key lock');
+}
+
+async function keyRows(scope, key) {
+  const { rows } = await pool.query('SELECT status::text FROM idempotency.keys WHERE scope = $1 AND key = $2', [scope, key]);
+  return rows.map((r) => r.status);
+}
+
 async function settle(recorder, mark, want) {
   for (let i = 0; i < 500 && shape(recorder, mark).length < want; i++) await sleep(20);
   await sleep(200); // a ROLLBACK sent after the answer comes after it
@@ -105,6 +133,30 @@ for (const framework of ['express', 'fastify']) {
       const r = await postCharge(demo.port, '/charges', { tenant, key });
       assert.equal(r.headers['idempotent-replayed'], 'true');
       assert.deepEqual(await settle(recorder, mark, 2), ['BEGIN + idem_claim', 'ROLLBACK']);
+    });
+
+    test('the same-transaction claim is deferred: while the handler runs, no row and no transaction id, the key lock held', async () => {
+      const fresh = newKey();
+      const mark = recorder.turns.length;
+      const slow = postCharge(demo.port, '/charges', { tenant, key: quoted(fresh), headers: { 'X-Fault-Delay-Ms': '1000' } });
+      const holders = await keyLockHolders();
+      assert.deepEqual(holders.map(({ no_transaction_id, state }) => ({ no_transaction_id, state })),
+        [{ no_transaction_id: true, state: 'idle in transaction' }], 'the claim wrote nothing');
+      assert.deepEqual(await keyRows(`${tenant}:POST /charges`, fresh), []);
+      assert.equal((await slow).status, 201);
+      assert.deepEqual(await keyRows(`${tenant}:POST /charges`, fresh), ['completed']);
+      assert.match(claimTurn(recorder, mark), /, deferred => true\)/);
+    });
+
+    test('the committed-first claim is not deferred: its in_progress record is there while the handler runs', async () => {
+      const fresh = newKey();
+      const mark = recorder.turns.length;
+      const slow = postCharge(demo.port, '/charges/external', { tenant, key: quoted(fresh), headers: { 'X-Fault-Delay-Ms': '500' } });
+      await waitInProgress(pool, `${tenant}:POST /charges/external`, fresh);
+      assert.equal((await slow).status, 201);
+      const text = claimTurn(recorder, mark);
+      assert.ok(text, 'the claim went through the recorder');
+      assert.doesNotMatch(text, /deferred/);
     });
 
     test('a replay is answered while its ROLLBACK is still held back', async () => {

@@ -562,11 +562,11 @@ func endedSession(err error) bool {
 
 // completeAndCommit sends idem_complete and COMMIT in one round trip (one batch, one Sync)
 // and gives the connection back. A failed idem_complete makes the server skip the COMMIT: the
-// transaction is rolled back and the complete's error returned, as with two trips; the server
+// transaction is rolled back and the complete's error returned, as with two trips. The server
 // ending the session (57P01) before the COMMIT's answer, or a batch that could not be sent at
-// all, is errNotCommitted. Any other
-// error of the COMMIT (or a connection lost after the complete was sent, before the COMMIT's
-// answer) leaves the outcome unknown and is returned as such, never as a success.
+// all, is errNotCommitted. Any other error of the COMMIT (or a connection lost after the
+// complete was sent, before the COMMIT's answer) leaves the outcome unknown and is returned as
+// such, never as a success.
 func completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, req request, token string, status int,
 	body []byte, headers map[string]string) ([]byte, error) {
 	defer conn.Release()

@@ -10,12 +10,20 @@
 #            hand lacks it). Versions pinned by clients/python/constraints.txt (PIP_CONSTRAINT).
 #   node     the tarball npm would publish from clients/node (`npm pack`: the package.json
 #            `files`, no install needed), pg-idempotency-VERSION.tgz
+#   go       clients/go as the Go module proxy will serve it, in OUTDIR laid out as a module
+#            proxy (GOPROXY=file://OUTDIR): github.com/idempotency/pg-idempotency-go/@v/ with
+#            list, vX.Y.Z.info, .mod and .zip, X.Y.Z being clients/go/version.go's Version. The
+#            module is checked as it is published first: no replace directive in its go.mod,
+#            `go mod verify`. The zip is made by the go command itself (`go mod download`), from
+#            a throwaway git repository holding the module's files (those git tracks or would:
+#            not ignored) at its root, tagged vX.Y.Z, as the proxy fetches a published tag: no
+#            network for the module itself.
 #
 # A language is a function build_LANG OUTDIR below, listed in LANGS. The paths of what was
 # built are printed last, one a line (the build's own output goes to stderr).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LANGS="python node"
+LANGS="python node go"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "build-artifacts.sh: $*" >&2; exit 2; }
@@ -38,6 +46,55 @@ build_node() { # build_node OUTDIR
     local out=$1
     (cd "$ROOT/clients/node" && npm pack --pack-destination "$out" --loglevel=warn >&2)
     ls "$out"/*.tgz
+}
+
+build_go() { # build_go OUTDIR
+    local out=$1 src=$ROOT/clients/go module version scratch file
+    export PATH="$PATH:/usr/local/go/bin"
+    command -v go >/dev/null || die "go: no Go toolchain here (go is not on PATH)"
+    module=$(cd "$src" && go list -m)
+    version=$(sed -n 's/^const Version = "\([0-9][0-9.]*\)"$/\1/p' "$src/version.go")
+    [ -n "$version" ] || die "no 'const Version = \"X.Y.Z\"' in clients/go/version.go"
+    if (cd "$src" && go mod edit -json) | grep -qE '"Replace": \['; then
+        die "clients/go/go.mod has replace directives: a published module must not"
+    fi
+    (cd "$src" && go mod download && go mod verify) >&2
+    scratch=$(mktemp -d)
+    # shellcheck disable=SC2064 # the folder is known now
+    trap "chmod -R u+w '$scratch' 2>/dev/null; rm -rf '$scratch'" RETURN
+    mkdir "$scratch/repo"
+    (cd "$ROOT" && git ls-files --cached --others --exclude-standard -z -- clients/go) |
+        while IFS= read -r -d '' file; do
+            [ -f "$ROOT/$file" ] || continue # deleted, not yet committed
+            mkdir -p "$scratch/repo/$(dirname "${file#clients/go/}")"
+            cp "$ROOT/$file" "$scratch/repo/${file#clients/go/}"
+        done
+    (
+        cd "$scratch/repo"
+        git init -q
+        git add -A
+        git -c user.name=build-artifacts -c user.email=build-artifacts@localhost commit -qm "$module v$version"
+        git tag "v$version"
+    ) >&2
+    # The go command fetches the tag from the repository as from the module's home (git's
+    # insteadOf), with a module cache of its own, and writes the files the proxy serves.
+    (
+        cd "$scratch"
+        GOMODCACHE=$scratch/modcache GOPROXY=direct GOPRIVATE=$module GOFLAGS=-mod=mod \
+            GIT_CONFIG_COUNT=2 \
+            GIT_CONFIG_KEY_0="url.file://$scratch/repo.insteadOf" GIT_CONFIG_VALUE_0="https://$module" \
+            GIT_CONFIG_KEY_1=protocol.file.allow GIT_CONFIG_VALUE_1=always \
+            go mod download -json "$module@v$version"
+    ) >&2
+    mkdir -p "$out/$module/@v"
+    for file in info mod zip; do
+        cp "$scratch/modcache/cache/download/$module/@v/v$version.$file" "$out/$module/@v/"
+    done
+    echo "v$version" >"$out/$module/@v/list"
+    if grep -qE '^[[:space:]]*replace([[:space:]]|\()' "$out/$module/@v/v$version.mod"; then
+        die "the module's go.mod as served has replace directives"
+    fi
+    ls "$out/$module/@v/list" "$out/$module/@v/v$version".*
 }
 
 case ${1:-} in

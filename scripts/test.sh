@@ -129,6 +129,8 @@ register_suites() {
         clients/rust/test.sh
     register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \
         clients/go/test.sh
+    register artifacts-go    15   full ext     'the Go module as the Go module proxy will serve it: `go mod verify`, no `replace`, the module zip made by the go command (`scripts/build-artifacts.sh go`), taken into a fresh project by the README'"'"'s install blocks as written, the README'"'"'s example app built there and run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/go.sh](tests/artifacts/go.sh))' \
+        tests/artifacts/go.sh
     register java-client     15   full ext     'the tests of the Java package (core client, Servlet filter, Spring Boot starter; `mvn verify` with the compiler warnings as errors), over real HTTP, also through PgBouncer' \
         clients/java/test.sh
     register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget, a trickling answer against the timeout, the sender'"'"'s database terminated and restarted under its worker, the per-sender settings (each language the scenarios its senders/LANG.json lists); exactly one side effect per operation' \

@@ -75,6 +75,11 @@ type ClaimOptions struct {
 	Lease       time.Duration
 	Wait        time.Duration // a duplicate waits this long for the owner (extension 0.4.0)
 	Token       string        // a fresh random UUID per attempt (NewToken), so a broken claim can be repeated
+	// Deferred (extension 0.6.0): a claim made in the same transaction as the work and its
+	// Complete writes nothing until Complete writes the completed record; a COMMIT without a
+	// Complete writes the in_progress record (docs/reference.md, idem_claim's deferred).
+	// ClaimTakesDeferred tells whether the installed extension has it.
+	Deferred bool
 }
 
 // Claim is idem_claim's result row.
@@ -93,7 +98,15 @@ type Claim struct {
 	RetryAfter      int // in_progress: whole seconds until the owner's lease ends (server clock), at least 1
 }
 
-const claimSQL = `
+// claimSQL is idem_claim's statement; deferred adds deferred => true (extension 0.6.0).
+func claimSQL(deferred bool) string {
+	if deferred {
+		return claimDeferredSQL
+	}
+	return claimNowSQL
+}
+
+const claimColumns = `
 SELECT c.outcome, c.token::text, c.http_status, c.response_status, c.response_headers::text,
        c.response_body::text, c.recovery_point, c.recovery_data::text, c.attempts, c.expires_at,
        c.locked_until,
@@ -102,11 +115,26 @@ SELECT c.outcome, c.token::text, c.http_status, c.response_status, c.response_he
 FROM idempotency.idem_claim($1::text, $2::text,
        coalesce($3::text, idempotency.idem_fingerprint($4::text::jsonb, $5::text[]),
                 idempotency.idem_fingerprint($6::bytea)),
-       ttl => $7::interval, lease => $8::interval, wait => $9::interval, token => $10::uuid) AS c`
+       ttl => $7::interval, lease => $8::interval, wait => $9::interval, token => $10::uuid`
+
+const (
+	claimNowSQL      = claimColumns + `) AS c`
+	claimDeferredSQL = claimColumns + `, deferred => true) AS c`
+)
 
 // ClaimKey runs idem_claim.
 func ClaimKey(ctx context.Context, db Querier, scope, key string, o ClaimOptions) (*Claim, error) {
-	return scanClaim(db.QueryRow(ctx, claimSQL, append([]any{execMode}, claimArgs(scope, key, o)...)...))
+	return scanClaim(db.QueryRow(ctx, claimSQL(o.Deferred), append([]any{execMode}, claimArgs(scope, key, o)...)...))
+}
+
+// ClaimTakesDeferred reports whether the installed extension's idem_claim has the deferred
+// argument (0.6.0), read from pg_proc as it is: ClaimOptions.Deferred needs it.
+func ClaimTakesDeferred(ctx context.Context, db Querier) (bool, error) {
+	var has bool
+	err := db.QueryRow(ctx, `SELECT coalesce(bool_or('deferred' = ANY (p.proargnames)), false)
+		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'idempotency' AND p.proname = 'idem_claim'`, execMode).Scan(&has)
+	return has, classify(err)
 }
 
 // claimArgs are claimSQL's arguments.

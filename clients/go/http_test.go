@@ -1,12 +1,14 @@
 package idempotency
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -58,6 +60,9 @@ func (a *testApp) handler(w http.ResponseWriter, r *http.Request) {
 			h.Keep()
 		}
 		(&Problem{Status: 500, Title: "Failed", Detail: "injected"}).WriteTo(w)
+		return
+	case "422":
+		(&Problem{Status: 422, Title: "Invalid charge", Detail: "a validation error of the handler's own"}).WriteTo(w)
 		return
 	case "panic":
 		panic("injected")
@@ -361,6 +366,7 @@ func TestHTTPNotCarriedOutLeavesKeyFree(t *testing.T) {
 			status     int
 		}{
 			{"a body the handler refuses", `{"amount": "lots"`, nil, 400},
+			{"a validation error (422)", `{"amount": 2}`, []string{"X-Test-Answer: 422"}, 422},
 			{"a 5xx answer", `{"amount": 2}`, []string{"X-Test-Answer: 500"}, 500},
 			{"a panic", `{"amount": 2}`, []string{"X-Test-Answer: panic"}, 500},
 		} {
@@ -481,4 +487,63 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// rawPost sends a POST /charges whose Idempotency-Key field value is exactly value (bytes that
+// net/http's client refuses to send), and reads the answer.
+func rawPost(t *testing.T, srv *httptest.Server, tenant, value string) resp {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"amount": 5}`
+	_, err = fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: test\r\nX-Api-Key: %s\r\nIdempotency-Key: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", tenant, value, len(body), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("key %q: %v", value, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return resp{res.StatusCode, res.Header, b}
+}
+
+// The key's characters over real HTTP, where net/http's server reads the header before the
+// middleware: an sf-string may hold spaces (a key like any other); a tab between the quotes or
+// a byte outside ASCII reaches the middleware and gets its 400 problem; every other control
+// character (and DEL) is refused by net/http itself, with its own plain-text 400, before any
+// handler runs. Either way nothing is claimed.
+func TestHTTPKeyCharacters(t *testing.T) {
+	srv, _ := defaultServer(t, "std")
+	tenant := uniqueName(t)
+	r := post(t, srv.URL+"/charges", `{"amount": 5}`, `Idempotency-Key: "order 1001"`, "X-Api-Key: "+tenant)
+	if r.status != 201 {
+		t.Errorf(`an sf-string with a space, "order 1001": %v; want 201`, r)
+	}
+	if rec, err := Lookup(testCtx, testPool(t), tenant+":POST /charges", "order 1001"); err != nil || rec == nil {
+		t.Errorf(`no record for the key "order 1001": %+v, %v`, rec, err)
+	}
+	for _, value := range []string{"\"a\tb\"", "\"caf\u00e9\"", "caf\u00e9"} {
+		if r := rawPost(t, srv, tenant, value); !isProblem(r, 400, slugKeyInvalid) {
+			t.Errorf("key %q: %v; want the middleware's 400 problem", value, r)
+		}
+	}
+	for c := byte(0); c < 0x80; c++ {
+		if c >= 0x20 && c != 0x7f || c == '\t' || c == '\r' || c == '\n' { // CR and LF end the field line
+			continue
+		}
+		value := `"a` + string([]byte{c}) + `b"`
+		r := rawPost(t, srv, tenant, value)
+		if r.status != 400 || r.header.Get("Content-Type") == "application/problem+json" {
+			t.Errorf("key %q: %v; want net/http's own 400", value, r)
+		}
+	}
+	if n := countRows(t, testPool(t), `SELECT count(*) FROM idempotency.keys WHERE scope LIKE $1 || '%'`, tenant); n != 1 {
+		t.Errorf("%d records; want 1 (the key with a space)", n)
+	}
 }

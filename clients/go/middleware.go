@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,7 +46,9 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxBodyBytes (default 1 MiB): a larger request body is answered 413 before any claim.
 	MaxBodyBytes int64
-	// PoolTimeout (default 5 s): the longest wait for a connection before the claim; then 503.
+	// PoolTimeout (default 1 s): the longest wait for a connection for a claim (for both of
+	// its tries, when the first connection was found dead), whatever the pool's own settings;
+	// then 503. It bounds how long a request waits while the database is down.
 	PoolTimeout time.Duration
 }
 
@@ -70,9 +73,10 @@ type Policy struct {
 }
 
 // RefusedStatuses are the handler answers that mean "refused before any work": never stored,
-// the key is given back, so the client can fix the request and retry with the same key.
+// the key is given back, so the client can fix the request and retry with the same key
+// (contract/contract.json's refused_statuses; a validation error's 422 is one).
 var RefusedStatuses = map[int]bool{400: true, 401: true, 403: true, 404: true, 405: true, 406: true,
-	408: true, 411: true, 413: true, 414: true, 415: true, 429: true}
+	408: true, 411: true, 413: true, 414: true, 415: true, 422: true, 429: true}
 
 // disposition is what becomes of the claim after the handler.
 type disposition int
@@ -93,7 +97,16 @@ const (
 type Middleware struct {
 	pool *pgxpool.Pool
 	opts Options
+	// deferred: whether the extension's idem_claim takes deferred (featureUnknown until the
+	// first same-transaction claim reads it from pg_proc).
+	deferred atomic.Int32
 }
+
+const (
+	featureUnknown int32 = iota
+	featureAbsent
+	featurePresent
+)
 
 // New makes a Middleware. Configure the pool with ParseConfig when it goes through PgBouncer.
 func New(pool *pgxpool.Pool, opts Options) *Middleware {
@@ -104,7 +117,7 @@ func New(pool *pgxpool.Pool, opts Options) *Middleware {
 		opts.MaxBodyBytes = 1 << 20
 	}
 	if opts.PoolTimeout == 0 {
-		opts.PoolTimeout = 5 * time.Second
+		opts.PoolTimeout = time.Second
 	}
 	if opts.Route == nil {
 		opts.Route = PatternRoute
@@ -395,34 +408,21 @@ func newHandle(req request, c *Claim) *Handle {
 
 func (m *Middleware) sameTransaction(ctx context.Context, p Policy, req request, next http.Handler,
 	w http.ResponseWriter, r *http.Request) {
-	acquireCtx, cancel := context.WithTimeout(ctx, m.opts.PoolTimeout)
-	conn, err := m.pool.Acquire(acquireCtx)
-	cancel()
-	if err != nil {
-		m.fail(w, "begin", classify(err))
-		return
-	}
-	// BEGIN, the lock_timeout and the claim in one round trip: one batch, one Sync. Releasing
-	// a connection still in a transaction closes it (the server rolls back); every path ends
-	// the transaction first.
-	var c *Claim
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", p.LockTimeout.Milliseconds()))
-	b.Queue(claimSQL, claimArgs(req.scope, req.key, req.claimOpts)...).QueryRow(func(row pgx.Row) (err error) {
-		c, err = scanClaim(row)
-		return err
-	})
-	br := conn.SendBatch(ctx, b)
-	tx := br.Tx()
-	if err := br.Close(); err != nil || !c.Outcome.Owned() {
-		// The claim wrote nothing: the answer goes out now, the ROLLBACK after it.
-		go func() {
-			_ = tx.Rollback(ctx)
-			conn.Release()
-		}()
+	conn, tx, c, err := m.claimInTransaction(ctx, p, req)
+	if err != nil || !c.Outcome.Owned() {
+		// The claim wrote nothing: the answer goes out now, the ROLLBACK after it. Releasing a
+		// connection still in a transaction closes it (the server rolls back); every path
+		// ends the transaction first.
+		if conn != nil {
+			go func() {
+				if tx != nil {
+					_ = tx.Rollback(ctx)
+				}
+				conn.Release()
+			}()
+		}
 		if err != nil {
-			m.fail(w, "claim", classify(err))
+			m.fail(w, "claim", err)
 		} else {
 			m.answerWithoutWork(w, c)
 		}
@@ -431,14 +431,30 @@ func (m *Middleware) sameTransaction(ctx context.Context, p Policy, req request,
 	h := newHandle(req, c)
 	h.tx = tx
 	a := m.runHandler(next, r.WithContext(context.WithValue(ctx, handleKey{}, h)))
-	if h.decide(p, a.status) != store {
+	// The server ended the session while the handler ran (a restart, a shutdown): its
+	// transaction is gone, nothing was committed.
+	lost := conn.Conn().IsClosed()
+	decision := h.decide(p, a.status)
+	if decision != store || lost {
 		_ = tx.Rollback(ctx)
 		conn.Release()
+		if lost && (decision == store || a.status >= 500) {
+			m.opts.Logger.Warn("idempotency: the database went away while the handler ran; nothing was committed",
+				"scope", req.scope, "key", req.key, "status", a.status)
+			problemOf(slugUnavailable, 1).WriteTo(w)
+			return
+		}
 		send(w, a.status, a.header, a.body.Bytes())
 		return
 	}
 	body, stored := toStore(a.header, a.body.Bytes(), p.ReplayHeaders)
 	storedBody, err := completeAndCommit(ctx, conn, tx, req, c.Token, a.status, body, stored)
+	if errors.Is(err, errNotCommitted) {
+		m.opts.Logger.Warn("idempotency: the database went away before the COMMIT; nothing was committed",
+			"scope", req.scope, "key", req.key, "err", err)
+		problemOf(slugUnavailable, 1).WriteTo(w)
+		return
+	}
 	if err != nil {
 		m.failAfterWork(w, "complete", err)
 		return
@@ -446,11 +462,111 @@ func (m *Middleware) sameTransaction(ctx context.Context, p Policy, req request,
 	m.sendStored(w, a, stored, storedBody)
 }
 
+// claimInTransaction is a connection with BEGIN, the lock_timeout and the claim sent on it in
+// one round trip (one batch, one Sync), its transaction left open. The connection comes within
+// Options.PoolTimeout. A claim whose connection turns out dead (the server restarted or went
+// away) is sent once more, on a connection checked live first: its transaction did not commit.
+// On an error the connection and transaction are returned too (nil when none was had), for the
+// caller to end after answering.
+func (m *Middleware) claimInTransaction(ctx context.Context, p Policy, req request) (*pgxpool.Conn, pgx.Tx,
+	*Claim, error) {
+	deadline := time.Now().Add(m.opts.PoolTimeout)
+	for retry := false; ; retry = true {
+		conn, err := m.acquire(ctx, deadline, retry)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		tx, c, err := m.sendClaim(ctx, conn, p, req)
+		if err == nil || retry || !errors.Is(err, ErrUnavailable) {
+			return conn, tx, c, err
+		}
+		m.opts.Logger.Warn("idempotency: the claim's connection was lost; sending it again on another",
+			"scope", req.scope, "key", req.key, "err", err)
+		if tx != nil {
+			_ = tx.Rollback(ctx)
+		}
+		conn.Release() // closed: the pool drops it
+	}
+}
+
+// sendClaim sends BEGIN, SET LOCAL lock_timeout and the claim (deferred when the extension
+// has it) on conn in one round trip. The first claim of a Middleware reads pg_proc first.
+func (m *Middleware) sendClaim(ctx context.Context, conn *pgxpool.Conn, p Policy, req request) (pgx.Tx, *Claim,
+	error) {
+	if m.deferred.Load() == featureUnknown {
+		has, err := ClaimTakesDeferred(ctx, conn)
+		if err != nil {
+			return nil, nil, err
+		}
+		if has {
+			m.deferred.Store(featurePresent)
+		} else {
+			m.deferred.Store(featureAbsent)
+		}
+	}
+	opts := req.claimOpts
+	opts.Deferred = m.deferred.Load() == featurePresent
+	var c *Claim
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", p.LockTimeout.Milliseconds()))
+	b.Queue(claimSQL(opts.Deferred), claimArgs(req.scope, req.key, opts)...).QueryRow(func(row pgx.Row) (err error) {
+		c, err = scanClaim(row)
+		return err
+	})
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		return tx, nil, classify(err)
+	}
+	return tx, c, nil
+}
+
+// acquire takes a connection from the pool, waiting until deadline at most: the package's own
+// bound (Options.PoolTimeout), whatever the pool's settings. checked: ping it first and drop
+// it when dead, for a second try after a connection was found dead (the pool's other
+// connections from before a restart may be dead too).
+func (m *Middleware) acquire(ctx context.Context, deadline time.Time, checked bool) (*pgxpool.Conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for {
+		conn, err := m.pool.Acquire(ctx)
+		if err != nil {
+			return nil, classify(err)
+		}
+		if !checked {
+			return conn, nil
+		}
+		err = conn.Ping(ctx)
+		if err == nil {
+			return conn, nil
+		}
+		_ = conn.Hijack().Close(ctx) // out of the pool, whatever state the failed ping left it in
+		if ctx.Err() != nil {
+			return nil, classify(err)
+		}
+	}
+}
+
+// errNotCommitted: the transaction certainly did not commit (the server ended the session
+// before the COMMIT, or nothing was sent).
+var errNotCommitted = errors.New("idempotency: the transaction did not commit")
+
+// endedSession: the server ended the session (57P01: a fast or smart shutdown,
+// pg_terminate_backend). The server does that only where the transaction can still roll
+// back, never inside a COMMIT, whose answer goes out first.
+func endedSession(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57P01"
+}
+
 // completeAndCommit sends idem_complete and COMMIT in one round trip (one batch, one Sync)
 // and gives the connection back. A failed idem_complete makes the server skip the COMMIT: the
-// transaction is rolled back and the complete's error returned, as with two trips. An error of
-// the COMMIT itself (or a connection lost after the complete was sent) leaves the outcome
-// unknown and is returned as such, never as a success.
+// transaction is rolled back and the complete's error returned, as with two trips. The server
+// ending the session (57P01) before the COMMIT's answer, or a batch that could not be sent at
+// all, is errNotCommitted. Any other error of the COMMIT (or a connection lost after the
+// complete was sent, before the COMMIT's answer) leaves the outcome unknown and is returned as
+// such, never as a success.
 func completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, req request, token string, status int,
 	body []byte, headers map[string]string) ([]byte, error) {
 	defer conn.Release()
@@ -462,29 +578,31 @@ func completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, req r
 	var (
 		storedBody  []byte
 		completeErr error
-		answered    bool
+		committed   bool
 	)
 	b := &pgx.Batch{}
 	b.Queue(completeSQL, args...).QueryRow(func(row pgx.Row) error {
 		storedBody, completeErr = scanStored(row)
-		answered = true
 		return completeErr
 	})
 	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() == "ROLLBACK" {
 			return pgx.ErrTxCommitRollback
 		}
+		committed = true
 		return nil
 	})
 	err = conn.SendBatch(ctx, b).Close()
-	if answered && completeErr != nil {
+	switch {
+	case committed: // the COMMIT's own answer came; whatever failed after it
+		return storedBody, nil
+	case endedSession(err) || pgconn.SafeToRetry(err):
+		return nil, fmt.Errorf("%w: %w", errNotCommitted, err)
+	case completeErr != nil && !unreachable(completeErr):
 		_ = tx.Rollback(ctx)
 		return nil, classify(completeErr)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: COMMIT after idem_complete, outcome unknown: %w", classify(err))
-	}
-	return storedBody, nil
+	return nil, fmt.Errorf("idempotency: COMMIT after idem_complete, outcome unknown: %w", classify(err))
 }
 
 // sendStored sends the handler's answer with the body as it was stored, so the first answer
@@ -502,15 +620,23 @@ func (m *Middleware) committedFirst(ctx context.Context, p Policy, req request, 
 	w http.ResponseWriter, r *http.Request) {
 	req.claimOpts.Token = NewToken()
 	req.claimOpts.Wait = p.Wait
-	claim := func() (*Claim, error) {
+	deadline := time.Now().Add(m.opts.PoolTimeout)
+	claim := func(checked bool) (*Claim, error) {
+		conn, err := m.acquire(ctx, deadline, checked)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Release()
 		claimCtx, cancel := context.WithTimeout(ctx, m.opts.PoolTimeout+p.Wait)
 		defer cancel()
-		return ClaimKey(claimCtx, m.pool, req.scope, req.key, req.claimOpts)
+		return ClaimKey(claimCtx, conn, req.scope, req.key, req.claimOpts)
 	}
-	c, err := claim()
+	c, err := claim(false)
 	if errors.Is(err, ErrUnavailable) {
 		// The connection may have broken after the claim committed: the same token tells.
-		c, err = claim()
+		m.opts.Logger.Warn("idempotency: the claim's connection was lost; repeating it with its token on another",
+			"scope", req.scope, "key", req.key, "err", err)
+		c, err = claim(true)
 	}
 	if err != nil {
 		m.fail(w, "claim", err)
@@ -541,6 +667,12 @@ func (m *Middleware) committedFirst(ctx context.Context, p Policy, req request, 
 	case release:
 		if _, err := Release(ctx, m.pool, req.scope, req.key, h.Token); err != nil {
 			m.opts.Logger.Warn("idempotency: release failed; the key frees when the lease ends", "err", err)
+			if a.status >= 500 && errors.Is(err, ErrUnavailable) {
+				// A server error and no side effect recorded, with the database gone: the
+				// handler most likely failed for that; the contract's answer is the 503.
+				problemOf(slugUnavailable, 1).WriteTo(w)
+				return
+			}
 		}
 		send(w, a.status, a.header, a.body.Bytes())
 		return

@@ -1,10 +1,12 @@
 package idempotency
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +21,7 @@ import (
 // while it has no answer pending (every Query and Sync it sent was answered by a ReadyForQuery).
 // Messages sent before the earlier ones were answered (pipelined) belong to the same round
 // trip. The proxy can hold round trips back, to show that an answer which writes nothing goes
-// out before its ROLLBACK is done.
+// out before its ROLLBACK is done, and keeps the text of every statement sent (Parse, Query).
 
 type tripProxy struct {
 	addr      string
@@ -27,6 +29,7 @@ type tripProxy struct {
 	trips     int
 	holdAfter int // round trips after this many wait for release; -1: none held
 	released  chan struct{}
+	sql       []string // the statements sent since reset
 }
 
 func startTripProxy(t *testing.T, target string) *tripProxy {
@@ -60,7 +63,42 @@ func startTripProxy(t *testing.T, target string) *tripProxy {
 func (p *tripProxy) reset(holdAfter int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.trips, p.holdAfter, p.released = 0, holdAfter, make(chan struct{})
+	p.trips, p.holdAfter, p.released, p.sql = 0, holdAfter, make(chan struct{}), nil
+}
+
+// statements are the texts of the statements sent since reset.
+func (p *tripProxy) statements() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.sql...)
+}
+
+// claims are the idem_claim statements sent since reset.
+func (p *tripProxy) claims() []string {
+	var claims []string
+	for _, s := range p.statements() {
+		if strings.Contains(s, "idem_claim(") {
+			claims = append(claims, s)
+		}
+	}
+	return claims
+}
+
+// statementText is the SQL of a Parse ('P': name, then the text) or Query ('Q') message's body.
+func statementText(kind byte, body []byte) (string, bool) {
+	switch kind {
+	case 'P':
+		if i := bytes.IndexByte(body, 0); i >= 0 {
+			body = body[i+1:]
+		}
+	case 'Q':
+	default:
+		return "", false
+	}
+	if i := bytes.IndexByte(body, 0); i >= 0 {
+		body = body[:i]
+	}
+	return string(body), true
 }
 
 func (p *tripProxy) release() {
@@ -122,6 +160,9 @@ func (p *tripProxy) frontend(client, server net.Conn, pending *atomic.Int64) {
 			newTrip := pending.Load() == 0 && !composing && kind != 'X'
 			if newTrip {
 				p.trips++
+			}
+			if text, ok := statementText(kind, buf[ready+5:ready+size]); ok {
+				p.sql = append(p.sql, text)
 			}
 			held := newTrip && p.holdAfter >= 0 && p.trips > p.holdAfter
 			released := p.released
@@ -260,6 +301,15 @@ func TestRoundTripsSameTransaction(t *testing.T) {
 		t.Errorf("a fresh key took %d round trips, want 3: BEGIN with the claim, the INSERT, "+
 			"idem_complete with COMMIT", trips)
 	}
+	// The claim in the work's transaction is deferred when the extension has it (0.6.0).
+	deferred, err := ClaimTakesDeferred(testCtx, testPool(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claims := proxy.claims(); len(claims) != 1 || strings.Contains(claims[0], "deferred => true") != deferred {
+		t.Errorf("the claim statements sent: %q; want one, passing deferred => true: %v (the extension has it: %v)",
+			claims, deferred, deferred)
+	}
 	replay, trips := counted(t, pool, proxy, url, `{"amount": 5}`, 1, tenant, k)
 	if !replay.replayed() || replay.status != 201 {
 		t.Fatalf("replay: %v", replay)
@@ -281,9 +331,17 @@ func TestRoundTripsCommittedFirstReplay(t *testing.T) {
 	srv, _ := serve(t, pool, "std", Policy{}, Policy{Mode: CommittedFirst, Lease: 30 * time.Second})
 	tenant := "X-Api-Key: " + uniqueName(t)
 	url := srv.URL + "/charges/external"
+	// Warm up: the pool's connection.
+	if r := post(t, url, `{"amount": 1}`, tenant, key(NewToken())); r.status != 201 {
+		t.Fatalf("warm-up: %v", r)
+	}
 	k := key(NewToken())
-	if r := post(t, url, `{"amount": 5}`, tenant, k); r.status != 201 {
+	if r, _ := counted(t, pool, proxy, url, `{"amount": 5}`, -1, tenant, k); r.status != 201 {
 		t.Fatalf("first: %v", r)
+	}
+	// The committed claim is never deferred: it commits at once, alone.
+	if claims := proxy.claims(); len(claims) != 1 || strings.Contains(claims[0], "deferred") {
+		t.Errorf("the claim statements sent: %q; want one, without deferred", claims)
 	}
 	replay, trips := counted(t, pool, proxy, url, `{"amount": 5}`, 1, tenant, k)
 	if !replay.replayed() {

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The Go package's own suite, one command:
 #   1. gofmt, go vet, staticcheck (pinned, fetched from the module proxy by `go run`), go build of the
-#      module and its demo app (cmd/demo);
+#      module, its demo app (cmd/demo) and the README's example app (examples/orders);
 #   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh), pgbouncer in
-#      transaction-pooling mode in front of it;
+#      transaction-pooling mode in front of it; a second cluster, on its unix socket only, that
+#      examples/orders/outage_test.go restarts, stops and starts again under the example app;
 #   3. `go test -race`: the pure parts (key header, stored bodies, the problems against
 #      contract/contract.json), the client against the real extension, the middleware over
-#      real HTTP on the standard mux and on chi, the demo app as a real process (SIGKILLed
-#      mid-handler and restarted);
+#      real HTTP on the standard mux and on chi, sessions the server ends under the middleware,
+#      the demo app as a real process (SIGKILLed mid-handler and restarted), the example app as
+#      a real process with its database restarted, stopped under load and started again;
 #   4. the database tests again through pgbouncer, with proof that they went through it;
 #   5. examples/clients/go (the SQL contract from plain pgx) against the cluster.
 # Skipped tests are listed and not counted as passed.
-# Environment: GO_SUITE_PORT (PostgreSQL; pgbouncer on +1), GO_SUITE_DIR, GO_APPS_PORT (the
-# demo app's port; default tests/lib.sh's go-apps). Last line: "go-client: N passed, M failed".
+# Environment: GO_SUITE_PORT (PostgreSQL, and the second cluster's socket; pgbouncer on +1),
+# GO_SUITE_DIR, GO_APPS_PORT (the demo app's port, the example app's +1; default tests/lib.sh's
+# go-apps). Last line: "go-client: N passed, M failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=../../tests/lib.sh
@@ -24,7 +27,8 @@ STATICCHECK=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PORT=${GO_SUITE_PORT:-$(port_of go)}
 DIR=${GO_SUITE_DIR:-$(dir_of go)}
 BOUNCER_PORT=$((PORT + 1))
-export DEMO_LISTEN=127.0.0.1:${GO_APPS_PORT:-$(port_of go-apps)}
+APPS_PORT=${GO_APPS_PORT:-$(port_of go-apps)}
+export DEMO_LISTEN=127.0.0.1:$APPS_PORT ORDERS_LISTEN=127.0.0.1:$((APPS_PORT + 1))
 passed=0
 failed=0
 skipped=0
@@ -44,6 +48,7 @@ step() { # step NAME COMMAND...: one check, passed when the command succeeds
 }
 
 cluster_stop "$DIR/pg"
+cluster_stop "$DIR/outage"
 pgbouncer_stop "$DIR"
 rm -rf "$DIR"
 mkdir -p "$DIR"
@@ -57,11 +62,13 @@ gofmt_clean() {
 step "gofmt" gofmt_clean
 step "go vet" go vet ./...
 step "staticcheck" go run "$STATICCHECK" ./...
-export DEMO_BIN=$DIR/demo
+export DEMO_BIN=$DIR/demo ORDERS_BIN=$DIR/orders
 step "go build (the module and its demo app)" go build -o "$DEMO_BIN" ./cmd/demo
+step "go build (the README's example app)" go build -o "$ORDERS_BIN" ./examples/orders
 
 cleanup() {
     pgbouncer_stop "$DIR"
+    cluster_stop "$DIR/outage"
     cluster_stop "$DIR/pg"
 }
 trap cleanup EXIT
@@ -70,6 +77,14 @@ if ! cluster_start "$DIR/pg" "$PORT" "$LISTEN_TCP" || ! install_extension postgr
     finish go-client
     exit 1
 fi
+if ! cluster_start "$DIR/outage" "$PORT" "listen_addresses = ''" ||
+    ! install_extension postgres -h "$DIR/outage/socket" -p "$PORT" -U postgres; then
+    fail "the second cluster (the example app's, restarted and stopped by its test)"
+    finish go-client
+    exit 1
+fi
+export GO_OUTAGE_URL="postgresql://postgres@/postgres?host=$DIR/outage/socket&port=$PORT"
+export GO_OUTAGE_PGCTL=$PGBIN/pg_ctl GO_OUTAGE_DATA=$DIR/outage/data
 
 # Runs go test -race -json with the given arguments and counts its tests that have no subtests
 # (a parent's verdict only sums its subtests').

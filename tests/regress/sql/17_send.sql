@@ -162,7 +162,7 @@ SELECT operation, state FROM outbound WHERE target = 'inline' ORDER BY operation
 
 -- The retry budget: first attempts always; retries while the receiver fails within
 -- ratio * first attempts + 10 over the window (a minute), a sixth of that over its last sixth,
--- per target (21_send_budget: its arithmetic, and what final answers earn).
+-- per target (22_send_budget: its arithmetic, and what final answers earn).
 SET idempotency.send_retry_budget = 0.5;
 INSERT INTO outbound (scope, operation, key, target, state, attempts, next_attempt_at, give_up_at, created_at)
 SELECT 'budget', 'first-' || i, 'kf-' || i, 'budget', 'pending', 0, now() - interval '1 second', now() + interval '1 day', now()

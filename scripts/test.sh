@@ -14,7 +14,8 @@
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
-# with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run.
+# with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run,
+# STRESS_SEND_SECONDS=120 for a longer sending phase of it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 # On a fresh machine PostgreSQL is not there yet (install-deps below brings it): the majors
@@ -187,7 +188,8 @@ stress() {
     port=$(port_of stress)
     cluster_fresh "$dir" "$port" || return 1
     /usr/bin/python3 tests/stress/stress.py --host "$dir/socket" --port "$port" --datadir "$dir/data" \
-        --bindir "$PGBIN" --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300
+        --bindir "$PGBIN" --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300 \
+        --send-seconds "${STRESS_SEND_SECONDS:-8}" --senders 24
     status=$?
     cluster_stop "$dir"
     return $status

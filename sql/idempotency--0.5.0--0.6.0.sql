@@ -55,10 +55,11 @@ $$;
 --   bound   = floor(ratio * first_attempts + 10)     all that is allowed while the receiver fails
 --   earned  = 2 * final_answers_since_failure        final answers recorded since the target's
 --                                                    latest retryable answer, two retries each
---   retries        + now <= bound + earned           over W
---   recent_retries + now <= ceil(bound / 6) + earned over the last sixth of W
+--   retries        + now <= bound + earned            over W
+--   recent_retries + now <= floor(bound / 6) + earned over the last sixth of W
 -- While every answer is retryable nothing is earned and retries stay within the bound, spread
--- over the window, so that one goes out at least every sixth of it and sees the receiver back.
+-- over the window (six sixths of floor(bound / 6) never add up to more than the bound), so that
+-- one goes out in every sixth of it and sees the receiver back.
 -- Once it answers, each final answer earns two retries: the retries double every round trip
 -- (slow start) until the backlog is sent. ratio 0: no retries at all.
 CREATE FUNCTION idempotency.send_retries_allowed(ratio float8, first_attempts bigint, retries bigint,
@@ -69,7 +70,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN ratio <= 0 THEN 0::bigint
                 ELSE greatest(0, least(l.bound + l.earned - retries,
-                                       ceil(l.bound / 6) + l.earned - recent_retries))::bigint END
+                                       floor(l.bound / 6) + l.earned - recent_retries))::bigint END
       FROM (SELECT least(floor(ratio * first_attempts + 10), 1e15::float8) AS bound,
                    least(2 * final_answers_since_failure::float8, 1e15::float8) AS earned) AS l
 $$;

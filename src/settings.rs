@@ -239,7 +239,12 @@ unsafe extern "C-unwind" fn check_retry_window(
     extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    check_interval(newval, extra, validate::retry_window, c"The value must be an interval of 1 second to 1 day.")
+    check_interval(
+        newval,
+        extra,
+        validate::retry_window,
+        c"The value must be an interval of 1 second to 1 day.",
+    )
 }
 
 type IntervalRule = fn(&'static str, i32, i32, i64) -> Result<(), crate::errors::IdemError>;

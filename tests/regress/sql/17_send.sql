@@ -171,7 +171,7 @@ INSERT INTO outbound (scope, operation, key, target, state, attempts, next_attem
 SELECT 'budget', 'retry-' || i, 'kr-' || i, 'budget', 'pending', 1, now() - interval '2 seconds', now() + interval '1 day', now()
   FROM generate_series(1, 40) AS i;
 -- 20 first attempts (handed out first although the retries are due earlier), then
--- ceil(floor(0.5 * 20 + 10) / 6) = 4 retries; the other 36 retries wait.
+-- floor(floor(0.5 * 20 + 10) / 6) = 3 retries; the other 37 retries wait.
 SELECT count(*) FILTER (WHERE attempt = 1) AS first_attempts, count(*) FILTER (WHERE attempt > 1) AS retries
   FROM idem_send_next('budget', 100);
 SELECT sum(first_attempts) AS counted_first, sum(retries) AS counted_retries FROM outbound_budget WHERE target = 'budget';

@@ -8,12 +8,12 @@ SET search_path = idempotency, public;
 
 -- send_retries_allowed(ratio, first_attempts, retries, recent_retries,
 -- final_answers_since_failure): bound = floor(ratio * first_attempts + 10); retries + now <=
--- bound + earned over the window and recent_retries + now <= ceil(bound / 6) + earned over its
+-- bound + earned over the window and recent_retries + now <= floor(bound / 6) + earned over its
 -- last sixth, earned = 2 x final answers since the latest retryable one.
 SELECT c.case_, c.ratio, c.firsts, c.retries, c.recent, c.earned,
        send_retries_allowed(c.ratio, c.firsts, c.retries, c.recent, c.earned) AS allowed
   FROM (VALUES
-    ('a quiet target: a sixth of the 10',            0.1,   0,   0, 0,   0),
+    ('a quiet target: a sixth of the 10, 1',         0.1,   0,   0, 0,   0),
     ('200 first attempts: bound 30, a sixth 5',      0.1, 200,   0, 0,   0),
     ('  10 retries, none recent',                    0.1, 200,  10, 0,   0),
     ('  10 retries, 2 recent',                       0.1, 200,  10, 2,   0),
@@ -24,7 +24,7 @@ SELECT c.case_, c.ratio, c.firsts, c.retries, c.recent, c.earned,
     ('  the window spent, 4 final answers since',    0.1, 200,  30, 5,   4),
     ('  1000 final answers since',                   0.1, 200,  30, 5, 1000),
     ('budget 0: no retry, whatever was earned',      0.0, 200,   0, 0, 1000),
-    ('budget 0.5: bound 110, a sixth 19',            0.5, 200,   0, 0,   0),
+    ('budget 0.5: bound 110, a sixth 18',            0.5, 200,   0, 0,   0),
     ('a huge budget (1000000)',                  1000000,  40,   0, 0,   0),
     ('counts past any real use stay finite',     1000000, 9000000000000000000, 0, 0, 4000000000000000000)
   ) AS c(case_, ratio, firsts, retries, recent, earned);
@@ -32,7 +32,7 @@ SELECT c.case_, c.ratio, c.firsts, c.retries, c.recent, c.earned,
 -- While nothing is earned, a retry allowed keeps the bound, over the window and over its sixth,
 -- whatever the counts (every combination of 0..60 first attempts, retries and recent retries, budgets 0,
 -- 0.1, 0.5, 2).
-SELECT bool_and(a = 0 OR (r + a <= floor(ratio * f + 10) AND rr + a <= ceil(floor(ratio * f + 10) / 6))) AS bound_holds,
+SELECT bool_and(a = 0 OR (r + a <= floor(ratio * f + 10) AND rr + a <= floor(floor(ratio * f + 10) / 6))) AS bound_holds,
        bool_and(a >= 0) AS never_negative
   FROM unnest(ARRAY[0, 0.1, 0.5, 2]::float8[]) AS ratio, generate_series(0, 60, 3) AS f,
        generate_series(0, 60, 3) AS r, generate_series(0, 60, 3) AS rr,

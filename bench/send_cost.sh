@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# What the retry budget of issue 32 costs a send: idem_send_next + idem_send_result per send, in
+# sends per second with pgbench, at 1 and 4 sessions, the 0.5.0 sending side against this
+# tree's. Both in the portable edition, so that only the sending side differs: its functions
+# are the same PL/pgSQL in both editions (sql/send.sql), and idem_send (which differs only in
+# its fingerprint) runs before the timed part. One throwaway cluster (tests/lib.sh's
+# "send-bench" row: run one send benchmark at a time).
+#
+#   bench/send_cost.sh [--seconds S] [--rounds R] [--smoke]
+#
+#   --seconds S  each pgbench run (default 10)
+#   --rounds R   rounds of alternation between the two releases (default 3); medians reported
+#   --smoke      tiny runs: checks the script, not the speed
+#
+# Two kinds of send: first attempts answered 201 (the path every send takes), and due retries
+# with the budget out of their way (send_retry_budget = 1000000: each call reads the budget).
+# Each pgbench transaction runs idem_send_next(target, 1) and, when it got a send,
+# idem_send_result(..., 201): two statements, each its own transaction, as the packages run
+# them. Sends per second = sends done / the run's length. Prints a table; writes nothing else.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+SECONDS_PER_RUN=10
+ROUNDS=3
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --smoke) SECONDS_PER_RUN=1; ROUNDS=1; shift ;;
+        *) echo "bench/send_cost.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+PORT=$(port_of send-bench)
+CDIR=$(dir_of send-bench)
+WORK=$(mktemp -d)
+trap 'cluster_stop "$CDIR"; rm -rf "$CDIR" "$WORK"' EXIT
+
+# The 0.5.0 portable release, from the last commit that holds it.
+old_file=sql/portable/idempotency-portable--0.5.0.sql
+old_rev=$(git -C "$ROOT" log -1 --diff-filter=AM --format=%H -- "$old_file")
+git -C "$ROOT" show "$old_rev:$old_file" >"$WORK/old.sql"
+new_file=$(portable_script)
+
+cluster_fresh "$CDIR" "$PORT"
+for db in old new; do
+    admin -c "CREATE DATABASE send_cost_$db"
+done
+DB=send_cost_old q -f "$WORK/old.sql" >/dev/null
+DB=send_cost_new q -f "$new_file" >/dev/null
+machine_info
+
+cat >"$WORK/send.pgbench" <<'PGBENCH'
+SELECT count(*) AS got, max(scope) AS scope, max(operation) AS operation, max(token::text) AS token FROM idempotency.idem_send_next('bench', 1, '1 minute') \gset
+\if :got
+SELECT state FROM idempotency.idem_send_result(':scope', ':operation', ':token', 201);
+\endif
+PGBENCH
+
+# prepare DB KIND COUNT: COUNT due sends of target 'bench', first attempts (attempts 0) or due
+# retries (attempts 1), written as idem_send writes them (with no request).
+prepare() {
+    local attempts=0
+    [ "$2" = retries ] && attempts=1
+    DB=$1 q -c "TRUNCATE idempotency.outbound, idempotency.outbound_budget" \
+        -c "INSERT INTO idempotency.outbound (scope, operation, key, target, state, attempts, next_attempt_at, give_up_at, created_at)
+            SELECT 'bench', 'op-' || i, gen_random_uuid()::text, 'bench', 'pending', $attempts,
+                   now() - interval '1 second', now() + interval '1 day', now()
+              FROM generate_series(1, $3) AS i" \
+        -c "VACUUM ANALYZE idempotency.outbound" -c "VACUUM ANALYZE idempotency.outbound_budget" >/dev/null
+}
+
+# run DB KIND CLIENTS: sends per second over one pgbench run.
+run() {
+    local budget=""
+    [ "$2" = retries ] && budget="-c idempotency.send_retry_budget=1000000"
+    prepare "$1" "$2" $((SECONDS_PER_RUN * 5000 + 1000))
+    PGOPTIONS="$budget" pgbench -n -h "$CDIR/socket" -p "$PORT" -U postgres -c "$3" -j "$3" -T "$SECONDS_PER_RUN" \
+        -f "$WORK/send.pgbench" "$1" >"$WORK/pgbench.log" 2>&1 || { cat "$WORK/pgbench.log" >&2; return 1; }
+    local done_
+    done_=$(DB=$1 q -c "SELECT count(*) FROM idempotency.outbound WHERE state = 'done'")
+    awk -v n="$done_" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%.0f", n / s }'
+}
+
+declare -A got
+for round in $(seq 1 "$ROUNDS"); do
+    for kind in first retries; do
+        for clients in 1 4; do
+            for db in send_cost_old send_cost_new; do
+                got[$kind/$clients/$db]+="$(run "$db" "$kind" "$clients") "
+            done
+        done
+    done
+    echo "round $round done"
+done
+
+median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+echo
+echo "| sends | sessions | 0.5.0 sends/s | this tree sends/s | ratio | runs (0.5.0; this tree) |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for kind in first retries; do
+    for clients in 1 4; do
+        old=$(median <<<"${got[$kind/$clients/send_cost_old]}")
+        new=$(median <<<"${got[$kind/$clients/send_cost_new]}")
+        label=$([ "$kind" = first ] && echo "first attempts, 201" || echo "due retries, budget out of the way")
+        printf '| %s | %s | %s | %s | %.2fx | %s; %s |\n' "$label" "$clients" "$old" "$new" \
+            "$(awk -v a="$new" -v b="$old" 'BEGIN { print a / b }')" \
+            "${got[$kind/$clients/send_cost_old]% }" "${got[$kind/$clients/send_cost_new]% }"
+    done
+done

@@ -81,7 +81,7 @@ SELECT send_retry_allowance('edge') AS allowed;
 -- With no retryable answer in the window every final answer in it counts.
 SELECT fixture.budget_row('q', 30, first_attempts => 50, retries => 14), fixture.budget_row('q', 10, final_answers => 5);
 SELECT send_retry_allowance('q') AS allowed;
--- Budget 0: none; a window of 20 s (rows older than 20 s drop out): bound 10, a sixth 2.
+-- Budget 0: none; a window of 20 s (rows older than 20 s drop out): bound 10, a sixth 1.
 SET LOCAL idempotency.send_retry_budget = 0;
 SELECT send_retry_allowance('r') AS allowed;
 RESET idempotency.send_retry_budget;

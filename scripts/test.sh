@@ -87,7 +87,7 @@ register_suites() {
         tests/parity/run.sh
     register completer       each full cluster 'the dead-worker recovery example, run for real (`examples/completer.py --self-test`)' \
         completer
-    register stress          each full ext     '32 sessions, killed backends, one server crash ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
+    register stress          each full ext     '32 sessions, killed backends, one server crash, then 24 senders on 3 targets whose receivers fail: no deadlock ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
         stress
     register security        each full ext     'privileges, row-level security, `search_path` hijacks, dump and restore with the `pg_dump` of that major, a hot standby, huge and hostile input ([docs/security.md](docs/security.md))' \
         tests/security/run.sh

@@ -42,6 +42,18 @@ DROP FUNCTION idempotency.send_count_attempts(text, bigint, bigint);
 
 ALTER TABLE idempotency.outbound_budget RENAME COLUMN slot TO backend_pid;
 
+-- PostgreSQL 18 keeps a NOT NULL as a constraint named after its column: it follows the rename.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_constraint
+                WHERE conrelid = 'idempotency.outbound_budget'::pg_catalog.regclass
+                  AND conname = 'outbound_budget_slot_not_null') THEN
+        ALTER TABLE idempotency.outbound_budget
+            RENAME CONSTRAINT outbound_budget_slot_not_null TO outbound_budget_backend_pid_not_null;
+    END IF;
+END
+$$;
+
 ALTER TABLE idempotency.outbound_budget
     ADD COLUMN final_answers bigint NOT NULL DEFAULT 0,
     ADD COLUMN retryable_answers bigint NOT NULL DEFAULT 0;

@@ -13,10 +13,12 @@
 #   --smoke      tiny runs: checks the script, not the speed
 #
 # Two kinds of send: first attempts answered 201 (the path every send takes), and due retries
-# with the budget out of their way (send_retry_budget = 1000000: each call reads the budget).
+# with the budget out of their way (send_retry_budget = 1000000 and a billion first attempts
+# counted: each call takes the target's lock and reads the budget).
 # Each pgbench transaction runs idem_send_next(target, 1) and, when it got a send,
 # idem_send_result(..., 201): two statements, each its own transaction, as the packages run
-# them. Sends per second = sends done / the run's length. Prints a table; writes nothing else.
+# them. Sends per second = sends done / the run's length. Then the same two calls in one backend
+# (a procedure), microseconds per send. Prints a table; writes nothing else.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -57,11 +59,13 @@ SELECT state FROM idempotency.idem_send_result(':scope', ':operation', ':token',
 PGBENCH
 
 # prepare DB KIND COUNT: COUNT due sends of target 'bench', first attempts (attempts 0) or due
-# retries (attempts 1), written as idem_send writes them (with no request).
+# retries (attempts 1), written as idem_send writes them (with no request). For retries, a
+# billion first attempts counted just now keep the budget out of their way in both releases
+# (0.5.0 allows ratio x first attempts + 10 a minute, whatever the answers).
 prepare() {
-    local attempts=0
-    [ "$2" = retries ] && attempts=1
-    DB=$1 q -c "TRUNCATE idempotency.outbound, idempotency.outbound_budget" \
+    local attempts=0 budget_row=""
+    [ "$2" = retries ] && attempts=1 budget_row="INSERT INTO idempotency.outbound_budget VALUES ('bench', now(), 0, 1000000000, 0)"
+    DB=$1 q -c "TRUNCATE idempotency.outbound, idempotency.outbound_budget" ${budget_row:+-c "$budget_row"} \
         -c "INSERT INTO idempotency.outbound (scope, operation, key, target, state, attempts, next_attempt_at, give_up_at, created_at)
             SELECT 'bench', 'op-' || i, gen_random_uuid()::text, 'bench', 'pending', $attempts,
                    now() - interval '1 second', now() + interval '1 day', now()
@@ -81,8 +85,37 @@ run() {
     awk -v n="$done_" -v s="$SECONDS_PER_RUN" 'BEGIN { printf "%.0f", n / s }'
 }
 
+# The same two calls in one backend, without a client in between: a procedure committing after
+# each, N sends; microseconds per send (the CPU the two calls cost, less of the machine's noise
+# than a throughput figure; the best of the rounds is reported).
+LOOP_SENDS=$((SECONDS_PER_RUN * 1000))
+for db in send_cost_old send_cost_new; do
+    DB=$db q -c "CREATE PROCEDURE public.send_loop(n int) LANGUAGE plpgsql AS \$\$
+        DECLARE r record;
+        BEGIN
+            FOR i IN 1 .. n LOOP
+                SELECT * INTO r FROM idempotency.idem_send_next('bench', 1, '1 minute');
+                COMMIT;
+                PERFORM idempotency.idem_send_result(r.scope, r.operation, r.token, 201);
+                COMMIT;
+            END LOOP;
+        END \$\$"
+done
+# loop DB: microseconds per send of one send_loop over first attempts.
+loop() {
+    prepare "$1" first $((LOOP_SENDS + 10))
+    local t0 t1
+    t0=$(date +%s%N)
+    DB=$1 q -c "CALL public.send_loop($LOOP_SENDS)"
+    t1=$(date +%s%N)
+    awk -v ns=$((t1 - t0)) -v n="$LOOP_SENDS" 'BEGIN { printf "%.1f", ns / 1000 / n }'
+}
+
 declare -A got
 for round in $(seq 1 "$ROUNDS"); do
+    for db in send_cost_old send_cost_new; do
+        got[loop/$db]+="$(loop "$db") "
+    done
     for kind in first retries; do
         for clients in 1 4; do
             for db in send_cost_old send_cost_new; do
@@ -93,6 +126,7 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "round $round done"
 done
 
+best() { tr ' ' '\n' | grep . | sort -n | head -n 1; }
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 echo
 echo "| sends | sessions | 0.5.0 sends/s | this tree sends/s | ratio | runs (0.5.0; this tree) |"
@@ -107,3 +141,7 @@ for kind in first retries; do
             "${got[$kind/$clients/send_cost_old]% }" "${got[$kind/$clients/send_cost_new]% }"
     done
 done
+old=$(best <<<"${got[loop/send_cost_old]}")
+new=$(best <<<"${got[loop/send_cost_new]}")
+printf '| first attempts, one backend, µs per send (best) | 1 | %s µs | %s µs | %+.1f µs | %s; %s |\n' "$old" "$new" \
+    "$(awk -v a="$new" -v b="$old" 'BEGIN { print a - b }')" "${got[loop/send_cost_old]% }" "${got[loop/send_cost_new]% }"

@@ -77,8 +77,13 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    val interval := idempotency.send_interval_setting('idempotency.send_retry_window', interval '1 minute');
+    val interval;
 BEGIN
+    -- The default, as SHOW prints it, without parsing (every count reads the setting).
+    IF coalesce(current_setting('idempotency.send_retry_window', true), '') IN ('1min', '') THEN
+        RETURN interval '1 minute';
+    END IF;
+    val := idempotency.send_interval_setting('idempotency.send_retry_window', interval '1 minute');
     IF val < interval '1 second' OR val > interval '1 day' THEN
         RAISE EXCEPTION 'invalid value for setting "idempotency.send_retry_window": "%" (it must be an interval of 1 second to 1 day)', val
             USING ERRCODE = '22023';
@@ -203,7 +208,6 @@ BEGIN
     END IF;
     v_lease := coalesce(idempotency.send_check_interval('argument "lease"', p_lease),
                         idempotency.send_interval_setting('idempotency.default_lease', interval '5 minutes'));
-    PERFORM idempotency.send_retry_window();
     IF p_target IS NOT NULL THEN
         PERFORM idempotency.send_check_text('target', p_target);
     END IF;
@@ -354,7 +358,6 @@ BEGIN
     -- Read (and so checked) before the row: a bad setting is 22023 whatever the token holds.
     v_base := idempotency.send_interval_setting('idempotency.send_backoff_base', interval '1 second');
     v_cap := idempotency.send_interval_setting('idempotency.send_backoff_cap', interval '10 minutes');
-    PERFORM idempotency.send_retry_window();
 
     SELECT o.* INTO v_row FROM idempotency.outbound AS o
      WHERE o.scope = p_scope AND o.operation = p_operation

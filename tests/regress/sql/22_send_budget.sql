@@ -100,8 +100,9 @@ SELECT case_, sqlstate, unchanged FROM fixture.send_cases(
 -- Senders and a receiver in real time, in this session: one transaction per step, so that
 -- now() moves. The window is 3 seconds (buckets of 50 ms, its sixth 0.5 s), the backoff 20 ms
 -- to 200 ms. Each tick: `arrivals` new sends; the senders take what is due up to what the
--- receiver can answer by then (`rate` a second); the receiver answers each 201 when up, 503
--- when down. Every hand-out is logged with its transaction's now(), as the budget counts it.
+-- receiver can answer by then (`rate` a second, at most a tenth of a second's worth at once:
+-- what it did not answer is not saved up); the receiver answers each 201 when up, 503 when
+-- down. Every hand-out is logged with its transaction's now(), as the budget counts it.
 SET idempotency.send_retry_window = '3 s';
 SET idempotency.send_backoff_base = '20 ms';
 SET idempotency.send_backoff_cap = '200 ms';
@@ -112,8 +113,8 @@ CREATE PROCEDURE fixture.simulate(up boolean, seconds float8, arrivals int, rate
 LANGUAGE plpgsql AS $$
 DECLARE
     v_started timestamptz := clock_timestamp();
-    answered bigint := 0;
-    capacity bigint;
+    v_last timestamptz := v_started;
+    credit float8 := 0;
     r record;
 BEGIN
     INSERT INTO fixture.sim_phase
@@ -122,16 +123,17 @@ BEGIN
     WHILE clock_timestamp() < v_started + seconds * interval '1 second' LOOP
         PERFORM idempotency.idem_send('sim', 'op-' || nextval('fixture.sim_seq'), 'sim') FROM generate_series(1, arrivals);
         COMMIT;
-        capacity := floor(rate * extract(epoch FROM clock_timestamp() - v_started))::bigint - answered;
-        IF capacity > 0 THEN
+        credit := least(credit + rate * extract(epoch FROM clock_timestamp() - v_last), rate / 10.0);
+        v_last := clock_timestamp();
+        IF credit >= 1 THEN
             INSERT INTO fixture.sim_log
             SELECT now(), t.operation, t.attempt, simulate.up
-              FROM idempotency.idem_send_next('sim', least(capacity, 10000)::int, '1 minute') AS t;
+              FROM idempotency.idem_send_next('sim', least(floor(credit), 10000)::int, '1 minute') AS t;
             COMMIT;
             FOR r IN SELECT o.operation, o.token FROM idempotency.outbound AS o
                       WHERE o.target = 'sim' AND o.state = 'sending' LOOP
                 PERFORM idempotency.idem_send_result('sim', r.operation, r.token, CASE WHEN up THEN 201 ELSE 503 END);
-                answered := answered + 1;
+                credit := credit - 1;
             END LOOP;
             COMMIT;
         END IF;
@@ -142,7 +144,7 @@ BEGIN
     UPDATE fixture.sim_phase AS p SET ended = clock_timestamp() WHERE p.started = v_started;
     COMMIT;
 END $$;
--- The receiver down for 4 seconds (more than the window) while about 70 sends a second arrive.
+-- The receiver down for 4 seconds (more than the window) while about 80 sends a second arrive.
 CALL fixture.simulate(false, 4, 2, 100000);
 -- Then up, answering 200 a second, no new sends, until the backlog is sent (at most 12 s).
 CALL fixture.simulate(true, 12, 0, 200);

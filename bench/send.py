@@ -14,8 +14,8 @@ same cluster, round after round, and reports the median.
   handlease the hand-written outbox with a lease, as ours keeps none open during a request:
             UPDATE ... SET state = 'sending' WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED
             LIMIT 1) RETURNING; the request; UPDATE ... SET state = 'done' (autocommit)
-  nobudget  ours in a second database whose idempotency.send_count_attempts does nothing:
-            what keeping the retry budget costs
+  nobudget  ours in a second database whose idempotency.send_count does nothing (0.5.0:
+            send_count_attempts): what keeping the retry budget costs
 
 Both send through the same keep-alive HTTP connection per sender process to a local receiver
 (a process of its own) that answers 201 at once and logs when each key arrived.
@@ -54,7 +54,8 @@ DROP TABLE IF EXISTS bench_orders;
 CREATE TABLE bench_orders (id text PRIMARY KEY, amount int NOT NULL, payment_key text NOT NULL);
 """
 NO_BUDGET = """
-CREATE OR REPLACE FUNCTION idempotency.send_count_attempts(target text, firsts bigint, retried bigint)
+CREATE OR REPLACE FUNCTION idempotency.send_count(target text, first_attempts bigint, retries bigint,
+                                                  final_answers bigint, retryable_answers bigint)
 RETURNS void LANGUAGE sql AS $$ SELECT $$;
 """
 

@@ -14,7 +14,8 @@
 # Before a major's suites that need it, the extension is built and installed (release) into
 # that major. Each suite's log: target/test-logs/[pgMAJOR/]SUITE.log. Every suite ends with
 # "NAME: N passed, M failed"; this script sums them, prints each suite's duration and ends
-# with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run.
+# with one line "total: N passed, M failed". STRESS_SECONDS=120 for a longer stress run,
+# STRESS_SEND_SECONDS=120 for a longer sending phase of it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 # On a fresh machine PostgreSQL is not there yet (install-deps below brings it): the majors
@@ -86,7 +87,7 @@ register_suites() {
         tests/parity/run.sh
     register completer       each full cluster 'the dead-worker recovery example, run for real (`examples/completer.py --self-test`)' \
         completer
-    register stress          each full ext     '32 sessions, killed backends, one server crash ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
+    register stress          each full ext     '32 sessions, killed backends, one server crash, then 24 senders on 3 targets whose receivers fail: no deadlock ([docs/reliability.md](docs/reliability.md#killed-backends-and-a-crash-the-stress-run); `tests/stress/stress.py`)' \
         stress
     register security        each full ext     'privileges, row-level security, `search_path` hijacks, dump and restore with the `pg_dump` of that major, a hot standby, huge and hostile input ([docs/security.md](docs/security.md))' \
         tests/security/run.sh
@@ -193,7 +194,8 @@ stress() {
     port=$(port_of stress)
     cluster_fresh "$dir" "$port" || return 1
     /usr/bin/python3 tests/stress/stress.py --host "$dir/socket" --port "$port" --datadir "$dir/data" \
-        --bindir "$PGBIN" --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300
+        --bindir "$PGBIN" --seconds "${STRESS_SECONDS:-20}" --sessions 32 --keys 300 \
+        --send-seconds "${STRESS_SEND_SECONDS:-8}" --senders 24
     status=$?
     cluster_stop "$dir"
     return $status

@@ -52,13 +52,19 @@ SELECT
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'sending')         AS outbound_sending,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'done')            AS outbound_done,
-    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up;
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up,
+    (SELECT count(*) FROM idempotency.outbound
+      WHERE state IN ('pending', 'sending') AND next_attempt_at <= now())      AS outbound_due,
+    (SELECT now() - min(next_attempt_at) FROM idempotency.outbound
+      WHERE state IN ('pending', 'sending') AND next_attempt_at <= now())      AS outbound_oldest_due_age,
+    (SELECT max(finished_at) FROM idempotency.outbound WHERE state = 'gave_up') AS outbound_last_gave_up_at;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
     'awaiting idem_sweep''s DELETE (claims, and records past the time partitions), the age of the oldest in_progress claim, and tombstones (expired '
-    'completed records inside idempotency.tombstone_ttl; counted in expired too), and the '
-    'sending side''s idempotency.outbound rows by state.';
+    'completed records inside idempotency.tombstone_ttl; counted in expired too), the '
+    'sending side''s idempotency.outbound rows by state, the sends due now (not yet handed to a '
+    'sender), how long the oldest of them has been due, and when a send last gave up.';
 
 -- Sweeps a backlog of any size in batches of batch_size, committing after each, until a
 -- batch finds fewer rows than it could take, sleeping `pause` after each full batch. By

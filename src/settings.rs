@@ -36,6 +36,7 @@ static mut PARTITION_PERIOD_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_BACKOFF_BASE_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_BACKOFF_CAP_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_GIVE_UP_AFTER_TEXT: *mut c_char = std::ptr::null_mut();
+static mut SEND_RETRY_WINDOW_TEXT: *mut c_char = std::ptr::null_mut();
 static SEND_RETRY_BUDGET: GucSetting<f64> = GucSetting::<f64>::new(0.1);
 
 /// Called once per backend, from `_PG_init`.
@@ -70,8 +71,8 @@ pub fn register() {
     );
     GucRegistry::define_float_guc(
         c"idempotency.send_retry_budget",
-        c"Per target, the retries idem_send_next hands out over a minute, as a share of its first attempts (plus 10).",
-        c"0 turns retries off.",
+        c"Per target, while the receiver fails, the retries idem_send_next hands out over send_retry_window, as a share of its first attempts (plus 10).",
+        c"0 turns retries off. Final answers since the latest retryable one earn two retries each (docs/sending.md).",
         &SEND_RETRY_BUDGET,
         0.0,
         1_000_000.0,
@@ -162,6 +163,18 @@ pub fn register() {
             pg_sys::GucContext::PGC_USERSET,
             0,
             Some(check_positive_interval),
+            None,
+            None,
+        );
+        pg_sys::DefineCustomStringVariable(
+            c"idempotency.send_retry_window".as_ptr(),
+            c"The window over which the retry budget of idem_send_next counts attempts and answers.".as_ptr(),
+            c"An interval of 1 second to 1 day; give every sender of a target the same.".as_ptr(),
+            addr_of_mut!(SEND_RETRY_WINDOW_TEXT),
+            c"1min".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            0,
+            Some(check_retry_window),
             None,
             None,
         );
@@ -263,6 +276,20 @@ unsafe extern "C-unwind" fn check_non_negative_interval(
         extra,
         validate::non_negative_interval,
         c"The value must be 0 (off) or a positive interval of at most 10000 years.",
+    )
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_retry_window(
+    newval: *mut *mut c_char,
+    extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    check_interval(
+        newval,
+        extra,
+        validate::retry_window,
+        c"The value must be an interval of 1 second to 1 day.",
     )
 }
 

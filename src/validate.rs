@@ -113,6 +113,17 @@ pub fn partition_period(arg: &'static str, months: i32, days: i32, micros: i64) 
     Ok(())
 }
 
+/// The retry budget's window (idempotency.send_retry_window): 1 second to 1 day. Its buckets
+/// are a sixtieth of it, so the shortest is about 17 ms.
+pub fn retry_window(arg: &'static str, months: i32, days: i32, micros: i64) -> Result<(), IdemError> {
+    const SECOND: i128 = 1_000_000;
+    let total = total_micros(months, days, micros);
+    if !(SECOND..=86_400 * SECOND).contains(&total) {
+        return Err(IdemError::invalid(arg, "must be an interval of 1 second to 1 day"));
+    }
+    Ok(())
+}
+
 /// Longest `wait` of idem_claim, in microseconds: one hour.
 pub const MAX_WAIT_MICROS: i128 = 3_600_000_000;
 
@@ -245,6 +256,21 @@ mod tests {
         assert_eq!(code(positive_interval("ttl", 12 * 10_000, 1, 0)), "22023");
         assert_eq!(code(positive_interval("lease", i32::MAX, i32::MAX, i64::MAX)), "22023");
         assert_eq!(code(positive_interval("ttl", 0, 0, i64::MAX)), "22023");
+    }
+
+    #[test]
+    fn retry_window_is_one_second_to_one_day() {
+        assert!(retry_window("setting", 0, 0, 1_000_000).is_ok());
+        assert!(retry_window("setting", 0, 0, 60_000_000).is_ok());
+        assert!(retry_window("setting", 0, 1, 0).is_ok());
+        assert!(retry_window("setting", 0, 0, 86_400_000_000).is_ok());
+        assert_eq!(code(retry_window("setting", 0, 0, 999_999)), "22023");
+        assert_eq!(code(retry_window("setting", 0, 0, 0)), "22023");
+        assert_eq!(code(retry_window("setting", 0, 0, -60_000_000)), "22023");
+        assert_eq!(code(retry_window("setting", 0, 1, 1)), "22023");
+        assert_eq!(code(retry_window("setting", 1, 0, 0)), "22023");
+        assert_eq!(code(retry_window("setting", i32::MIN, i32::MIN, i64::MIN)), "22023");
+        assert_eq!(code(retry_window("setting", i32::MAX, i32::MAX, i64::MAX)), "22023");
     }
 
     #[test]

@@ -1376,6 +1376,11 @@ CREATE INDEX outbound_give_up_idx ON idempotency.outbound (target, give_up_at)
 CREATE INDEX outbound_expires_at_idx ON idempotency.outbound (expires_at)
     WHERE expires_at IS NOT NULL;
 
+-- Sends that gave up, by when: idempotency.stats counts them and finds the latest (an alert
+-- reads it) without reading the done rows.
+CREATE INDEX outbound_gave_up_idx ON idempotency.outbound (finished_at)
+    WHERE state = 'gave_up';
+
 ALTER TABLE idempotency.outbound SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
@@ -1389,22 +1394,27 @@ EXCEPTION WHEN feature_not_supported THEN
 END
 $$;
 
--- The retry budget, per target: attempts handed out, counted in buckets of 5 seconds and
--- spread over 8 slots (a backend writes the slot of its pid), so that senders of one target
--- do not all queue on one row. idem_send_next sums the last minute's buckets.
+-- The retry budget, per target: the attempts idem_send_next handed out and the answers
+-- idem_send_result recorded, counted in buckets of a sixtieth of idempotency.send_retry_window
+-- (1 second by default). A backend counts in rows of its own (backend_pid): no two sessions
+-- ever write the same row, so counting never waits for a lock. The budget sums the window.
 CREATE TABLE idempotency.outbound_budget (
-    target         text        NOT NULL,
-    bucket         timestamptz NOT NULL,
-    slot           int         NOT NULL,
-    first_attempts bigint      NOT NULL DEFAULT 0,
-    retries        bigint      NOT NULL DEFAULT 0,
-    CONSTRAINT outbound_budget_pkey PRIMARY KEY (target, bucket, slot)
+    target            text        NOT NULL,
+    bucket            timestamptz NOT NULL,
+    backend_pid       int         NOT NULL,
+    first_attempts    bigint      NOT NULL DEFAULT 0,
+    retries           bigint      NOT NULL DEFAULT 0,
+    final_answers     bigint      NOT NULL DEFAULT 0,
+    retryable_answers bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT outbound_budget_pkey PRIMARY KEY (target, bucket, backend_pid)
 );
 
 COMMENT ON TABLE idempotency.outbound_budget IS
-    'Attempts handed out by idem_send_next per target, in 5-second buckets and 8 slots: the '
-    'retry budget reads the last minute. Rows older than two minutes are deleted as senders go '
-    'and by idem_sweep.';
+    'Per target, the first attempts and retries handed out by idem_send_next and the final and '
+    'retryable answers recorded by idem_send_result, in buckets of a sixtieth of '
+    'idempotency.send_retry_window, one row per backend and bucket: the retry budget sums the '
+    'window. Rows older than two windows (at least two minutes) are deleted as senders go and by '
+    'idem_sweep.';
 
 -- What is wrong with a scope, operation, target or key (NULL: nothing), as the idempotency
 -- key rule: 1 to 255 characters, no control characters (U+0000-U+001F, U+007F-U+009F).
@@ -1507,6 +1517,54 @@ BEGIN
 END
 $$;
 
+-- idempotency.send_retry_window: what the retry budget counts over, 1 second to 1 day, default
+-- 1 minute (22023 otherwise, naming the setting).
+CREATE FUNCTION idempotency.send_retry_window() RETURNS interval
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    val interval;
+BEGIN
+    -- The default, as SHOW prints it, without parsing (every count reads the setting).
+    IF coalesce(current_setting('idempotency.send_retry_window', true), '') IN ('1min', '') THEN
+        RETURN interval '1 minute';
+    END IF;
+    val := idempotency.send_interval_setting('idempotency.send_retry_window', interval '1 minute');
+    IF val < interval '1 second' OR val > interval '1 day' THEN
+        RAISE EXCEPTION 'invalid value for setting "idempotency.send_retry_window": "%" (it must be an interval of 1 second to 1 day)', val
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN val;
+END
+$$;
+
+-- The retry budget's arithmetic, the one place it is written (docs/sending.md, "The retry
+-- budget"): how many retries of a target may be handed out now, from its counts over the
+-- window W (idempotency.send_retry_window):
+--   bound   = floor(ratio * first_attempts + 10)     all that is allowed while the receiver fails
+--   earned  = 2 * final_answers_since_failure        final answers recorded since the target's
+--                                                    latest retryable answer, two retries each
+--   retries        + now <= bound + earned            over W
+--   recent_retries + now <= floor(bound / 6) + earned over the last sixth of W
+-- While every answer is retryable nothing is earned and retries stay within the bound, spread
+-- over the window (six sixths of floor(bound / 6) never add up to more than the bound), so that
+-- one goes out in every sixth of it and sees the receiver back.
+-- Once it answers, each final answer earns two retries: the retries double every round trip
+-- (slow start) until the backlog is sent. ratio 0: no retries at all.
+CREATE FUNCTION idempotency.send_retries_allowed(ratio float8, first_attempts bigint, retries bigint,
+                                                 recent_retries bigint, final_answers_since_failure bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN ratio <= 0 THEN 0::bigint
+                ELSE greatest(0, least(l.bound + l.earned - retries,
+                                       floor(l.bound / 6) + l.earned - recent_retries))::bigint END
+      FROM (SELECT least(floor(ratio * first_attempts + 10), 1e15::float8) AS bound,
+                   least(2 * final_answers_since_failure::float8, 1e15::float8) AS earned) AS l
+$$;
+
 -- The three idem_send* functions are SQL over these PL/pgSQL bodies: their arguments and
 -- result columns share names (scope, key, ...), which PL/pgSQL refuses.
 CREATE FUNCTION idempotency.send_prepare(p_scope text, p_operation text, p_target text, p_request jsonb,
@@ -1586,47 +1644,67 @@ AS $$
       FROM idempotency.send_prepare($1, $2, $3, $4, $5, $6) AS o
 $$;
 
--- The retries `target` may still be handed out now: its budget over the last minute.
+-- The retries `target` may still be handed out now (send_retries_allowed), from its counts
+-- over the window: retries in every bucket that overlaps it, first attempts in the buckets
+-- inside it, so that counting in buckets never loosens the bound.
 CREATE FUNCTION idempotency.send_retry_allowance(target text) RETURNS bigint
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ratio float8 := idempotency.send_retry_budget();
-    firsts bigint;
-    retried bigint;
+    w interval := idempotency.send_retry_window();
+    width interval := w / 60;
+    c record;
 BEGIN
     IF ratio = 0 THEN
         RETURN 0;
     END IF;
-    SELECT coalesce(sum(b.first_attempts), 0), coalesce(sum(b.retries), 0) INTO firsts, retried
-      FROM idempotency.outbound_budget AS b
-     WHERE b.target = send_retry_allowance.target
-       AND b.bucket > now() - interval '1 minute';
-    RETURN greatest(floor(ratio * firsts + 10)::bigint - retried, 0);
+    WITH counts AS (SELECT b.bucket, b.first_attempts, b.retries, b.final_answers, b.retryable_answers
+                      FROM idempotency.outbound_budget AS b
+                     WHERE b.target = send_retry_allowance.target AND b.bucket > now() - w - width),
+         failed AS (SELECT max(n.bucket) AS at FROM counts AS n WHERE n.retryable_answers > 0)
+    SELECT coalesce(sum(n.first_attempts) FILTER (WHERE n.bucket >= now() - w), 0)::bigint AS firsts,
+           coalesce(sum(n.retries), 0)::bigint AS retries,
+           coalesce(sum(n.retries) FILTER (WHERE n.bucket > now() - w / 6 - width), 0)::bigint AS recent,
+           coalesce(sum(n.final_answers) FILTER (WHERE f.at IS NULL OR n.bucket > f.at), 0)::bigint AS earned
+      INTO c
+      FROM failed AS f LEFT JOIN counts AS n ON true;
+    RETURN idempotency.send_retries_allowed(ratio, c.firsts, c.retries, c.recent, c.earned);
 END
 $$;
 
--- Counts what idem_send_next handed out to `target`, in this backend's slot.
-CREATE FUNCTION idempotency.send_count_attempts(target text, firsts bigint, retried bigint) RETURNS void
+-- Counts, in this backend's own row of the current bucket, what idem_send_next handed out to
+-- `target` and what idem_send_result recorded for it. No other session writes that row, so
+-- this never waits for a lock. A backend's first count in a bucket also deletes the target's
+-- rows older than two windows (at least two minutes), skipping any that a session holds.
+CREATE FUNCTION idempotency.send_count(target text, first_attempts bigint, retries bigint,
+                                       final_answers bigint, retryable_answers bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_slot int := pg_backend_pid() % 8;
-    v_bucket timestamptz := to_timestamp(floor(extract(epoch FROM now()) / 5) * 5);
+    w interval := idempotency.send_retry_window();
+    v_bucket timestamptz := date_bin(w / 60, now(), timestamptz '2000-01-01 00:00:00+00');
 BEGIN
-    IF firsts = 0 AND retried = 0 THEN
+    UPDATE idempotency.outbound_budget AS b
+       SET first_attempts = b.first_attempts + send_count.first_attempts,
+           retries = b.retries + send_count.retries,
+           final_answers = b.final_answers + send_count.final_answers,
+           retryable_answers = b.retryable_answers + send_count.retryable_answers
+     WHERE b.target = send_count.target AND b.bucket = v_bucket AND b.backend_pid = pg_backend_pid();
+    IF FOUND THEN
         RETURN;
     END IF;
-    INSERT INTO idempotency.outbound_budget AS b (target, bucket, slot, first_attempts, retries)
-    VALUES (send_count_attempts.target, v_bucket, v_slot, firsts, retried)
-    ON CONFLICT ON CONSTRAINT outbound_budget_pkey
-    DO UPDATE SET first_attempts = b.first_attempts + EXCLUDED.first_attempts,
-                  retries = b.retries + EXCLUDED.retries;
+    INSERT INTO idempotency.outbound_budget
+           (target, bucket, backend_pid, first_attempts, retries, final_answers, retryable_answers)
+    VALUES (send_count.target, v_bucket, pg_backend_pid(), send_count.first_attempts, send_count.retries,
+            send_count.final_answers, send_count.retryable_answers);
     DELETE FROM idempotency.outbound_budget AS b
-     WHERE b.target = send_count_attempts.target AND b.bucket < now() - interval '2 minutes'
-       AND b.slot = v_slot;
+     WHERE (b.target, b.bucket, b.backend_pid) IN (
+           SELECT o.target, o.bucket, o.backend_pid FROM idempotency.outbound_budget AS o
+            WHERE o.target = send_count.target AND o.bucket < now() - 2 * greatest(w, interval '1 minute')
+              FOR UPDATE SKIP LOCKED);
 END
 $$;
 
@@ -1754,21 +1832,25 @@ BEGIN
         END LOOP;
         -- This call's first attempts count toward the budget the retries read.
         IF v_firsts > 0 THEN
-            PERFORM idempotency.send_count_attempts(v_target, v_firsts, 0);
+            PERFORM idempotency.send_count(v_target, v_firsts, 0, 0, 0);
         END IF;
-        -- Retries: senders of one target take them one transaction at a time, so that each
-        -- reads the budget with the retries of the others counted (their transactions end
-        -- right after idem_send_next). Only when a retry is due: first attempts never wait.
+        -- Retries, only when one is due: one sender of a target at a time reads the budget and
+        -- hands them out, holding a transaction-level advisory lock of the target, so that the
+        -- next reads it with those retries counted (the packages' transactions end right after
+        -- idem_send_next). The lock is only tried: a sender that finds it held hands out no
+        -- retries this time (the holder does). Nothing in here ever waits for a lock, so no
+        -- two senders can deadlock: rows are taken with SKIP LOCKED, counts go to rows of the
+        -- backend's own.
+        v_allowance := 0;
         IF v_left > 0 AND EXISTS (
             SELECT FROM idempotency.outbound AS o
              WHERE o.target = v_target AND o.state IN ('pending', 'sending')
                AND o.attempts > 0 AND o.next_attempt_at <= now()
                AND (p_scope IS NULL OR (o.scope = p_scope AND o.operation = p_operation)))
         THEN
-            PERFORM pg_advisory_xact_lock(hashtextextended('idempotency.outbound_budget ' || v_target, 0));
-            v_allowance := idempotency.send_retry_allowance(v_target);
-        ELSE
-            v_allowance := 0;
+            IF pg_try_advisory_xact_lock(hashtextextended('idempotency.outbound_budget ' || v_target, 0)) THEN
+                v_allowance := idempotency.send_retry_allowance(v_target);
+            END IF;
         END IF;
         IF v_allowance > 0 THEN
             FOR v_row IN
@@ -1789,7 +1871,7 @@ BEGIN
             END LOOP;
         END IF;
         IF v_retries > 0 THEN
-            PERFORM idempotency.send_count_attempts(v_target, 0, v_retries);
+            PERFORM idempotency.send_count(v_target, 0, v_retries, 0, 0);
         END IF;
     END LOOP;
 END
@@ -1873,6 +1955,8 @@ BEGIN
                expires_at = now() + idempotency.send_interval_setting('idempotency.default_ttl', interval '24 hours')
          WHERE o.scope = v_row.scope AND o.operation = v_row.operation
         RETURNING o.state, o.attempts, o.next_attempt_at INTO o_state, o_attempts, o_next_attempt_at;
+        -- A final answer earns retries (the retry budget).
+        PERFORM idempotency.send_count(v_row.target, 0, 0, 1, 0);
         RETURN NEXT;
         RETURN;
     END IF;
@@ -1894,6 +1978,8 @@ BEGIN
          WHERE o.scope = v_row.scope AND o.operation = v_row.operation
         RETURNING o.state, o.attempts, o.next_attempt_at INTO o_state, o_attempts, o_next_attempt_at;
     END IF;
+    -- A retryable answer stops what final answers had earned (the retry budget).
+    PERFORM idempotency.send_count(v_row.target, 0, 0, 0, 1);
     RETURN NEXT;
 END
 $$;
@@ -1916,7 +2002,8 @@ $$;
 
 -- idem_sweep's part (both editions call it last, with what is left of max_rows): deletes
 -- done and gave_up rows past expires_at, oldest first, skipping rows another session holds,
--- and the budget's rows older than two minutes. Returns the outbound rows deleted.
+-- and the budget's rows older than two windows (at least two minutes), skipping rows a
+-- session holds. Returns the outbound rows deleted.
 CREATE FUNCTION idempotency.send_sweep(max_rows bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1939,7 +2026,11 @@ BEGIN
          WHERE o.scope = picked.scope AND o.operation = picked.operation;
         GET DIAGNOSTICS deleted = ROW_COUNT;
     END IF;
-    DELETE FROM idempotency.outbound_budget AS b WHERE b.bucket < now() - interval '2 minutes';
+    DELETE FROM idempotency.outbound_budget AS b
+     WHERE (b.target, b.bucket, b.backend_pid) IN (
+           SELECT o.target, o.bucket, o.backend_pid FROM idempotency.outbound_budget AS o
+            WHERE o.bucket < now() - 2 * greatest(idempotency.send_retry_window(), interval '1 minute')
+              FOR UPDATE SKIP LOCKED);
     RETURN deleted;
 END
 $$;
@@ -1970,13 +2061,19 @@ SELECT
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'sending')         AS outbound_sending,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'done')            AS outbound_done,
-    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up;
+    (SELECT count(*) FROM idempotency.outbound WHERE state = 'gave_up')         AS outbound_gave_up,
+    (SELECT count(*) FROM idempotency.outbound
+      WHERE state IN ('pending', 'sending') AND next_attempt_at <= now())      AS outbound_due,
+    (SELECT now() - min(next_attempt_at) FROM idempotency.outbound
+      WHERE state IN ('pending', 'sending') AND next_attempt_at <= now())      AS outbound_oldest_due_age,
+    (SELECT max(finished_at) FROM idempotency.outbound WHERE state = 'gave_up') AS outbound_last_gave_up_at;
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
     'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
-    'completed records inside idempotency.tombstone_ttl; counted in expired too), and the '
-    'sending side''s idempotency.outbound rows by state.';
+    'completed records inside idempotency.tombstone_ttl; counted in expired too), the '
+    'sending side''s idempotency.outbound rows by state, the sends due now (not yet handed to a '
+    'sender), how long the oldest of them has been due, and when a send last gave up.';
 
 -- No SET search_path: a procedure that commits cannot have one, so every name and
 -- operator is qualified instead.

@@ -27,7 +27,7 @@ extension_installed || { fail "the extension is not installed into PostgreSQL $P
 
 # --- the alert rules -----------------------------------------------------------------------
 rules=$(promtool check rules monitoring/alerts.yaml 2>&1)
-check_match "promtool check rules monitoring/alerts.yaml" "SUCCESS: 4 rules found" "$rules"
+check_match "promtool check rules monitoring/alerts.yaml" "SUCCESS: 7 rules found" "$rules"
 tests=$(promtool test rules tests/monitoring/alerts.test.yaml 2>&1)
 check_match "promtool test rules: each alert fires above its threshold, not below" "SUCCESS" "$tests"
 [[ $tests == *SUCCESS* ]] || echo "$tests" | head -40
@@ -65,6 +65,22 @@ UPDATE keys SET locked_until = now() - interval '1 minute' WHERE key = 'busy-3';
 UPDATE keys SET created_at = now() - interval '1 hour' WHERE key = 'busy-1';
 SELECT idem_seen('mon', 'msg-' || i) FROM generate_series(1, 7) AS i;
 UPDATE messages SET expires_at = now() - interval '1 minute' WHERE message_id IN ('msg-6', 'msg-7');
+-- The sending side: 9 sends. pending: two first attempts due now, a retry due for 10 minutes,
+-- one not due yet; sending: one under its lease, one whose lease ended 2 minutes ago (due);
+-- one done; two gave_up, the latest at 2026-11-30 11:00:00+00.
+SELECT idem_send('mon', 'op-' || i, 'gateway') FROM generate_series(1, 9) AS i;
+UPDATE outbound SET attempts = 1, next_attempt_at = now() - interval '10 minutes' WHERE operation = 'op-3';
+UPDATE outbound SET attempts = 1, next_attempt_at = now() + interval '1 hour' WHERE operation = 'op-4';
+UPDATE outbound SET state = 'sending', attempts = 1, token = gen_random_uuid(), locked_until = now() + interval '1 minute',
+                    next_attempt_at = now() + interval '1 minute' WHERE operation = 'op-5';
+UPDATE outbound SET state = 'sending', attempts = 1, token = gen_random_uuid(), locked_until = now() - interval '2 minutes',
+                    next_attempt_at = now() - interval '2 minutes' WHERE operation = 'op-6';
+UPDATE outbound SET state = 'done', attempts = 1, response_status = 201, finished_at = now(),
+                    expires_at = now() + interval '1 day' WHERE operation = 'op-7';
+UPDATE outbound SET state = 'gave_up', attempts = 5, finished_at = timestamptz '2026-11-30 10:00:00+00',
+                    expires_at = now() + interval '1 day' WHERE operation = 'op-8';
+UPDATE outbound SET state = 'gave_up', attempts = 5, finished_at = timestamptz '2026-11-30 11:00:00+00',
+                    expires_at = now() + interval '1 day' WHERE operation = 'op-9';
 SQL
 # The exporter connects as an unprivileged role with the grants docs/monitoring.md lists.
 # BYPASSRLS (and USAGE on schema cron, below): pg_cron shows a role only the jobs it
@@ -141,6 +157,16 @@ check "idempotency_seen_messages" 5 "$(value idempotency_seen_messages)"
 age=$(value idempotency_oldest_claim_age_seconds)
 check "idempotency_oldest_claim_age_seconds is the hour-old claim's age (3600 to 3700)" 1 \
     "$(awk -v a="$age" 'BEGIN { print (a >= 3600 && a < 3700) ? 1 : 0 }')"
+check "idempotency_outbound_sends{state=pending}" 4 "$(value idempotency_outbound_sends 'state="pending')"
+check "idempotency_outbound_sends{state=sending}" 2 "$(value idempotency_outbound_sends 'state="sending')"
+check "idempotency_outbound_sends{state=gave_up}" 2 "$(value idempotency_outbound_sends 'state="gave_up')"
+check "idempotency_outbound_due_sends: 3 pending due, 1 sending past its lease" 4 "$(value idempotency_outbound_due_sends)"
+due_age=$(value idempotency_outbound_due_oldest_age_seconds)
+check "idempotency_outbound_due_oldest_age_seconds is the 10-minute-old retry's (600 to 700)" 1 \
+    "$(awk -v a="$due_age" 'BEGIN { print (a >= 600 && a < 700) ? 1 : 0 }')"
+check "idempotency_outbound_gave_up_last_timestamp_seconds is the latest give-up's time" \
+    "$(q -c "SELECT to_char(extract(epoch FROM timestamptz '2026-11-30 11:00:00+00'), 'FM9999999999.000000')")" \
+    "$(num "$(value idempotency_outbound_gave_up_last_timestamp_seconds)")"
 check "idempotency_table_size_bytes{table=keys} is pg_total_relation_size" "$keys_size" \
     "$(num "$(value idempotency_table_size_bytes 'table="keys')" | sed 's/\.0*$//')"
 check "idempotency_table_size_bytes{table=messages} is pg_total_relation_size" "$messages_size" \

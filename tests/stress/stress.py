@@ -20,8 +20,12 @@ once, halfway through, crashes the server (pg_ctl stop -m immediate) and starts 
 Some committed-first workers die on purpose right after claiming, or stall past their lease
 (their late idem_complete must then fail with IK002). A background completer calls
 idem_reclaim_stale(release => false) during the run and finishes what it took over; after
-the run a recovery phase does the same until every key is completed. Then five checks run;
-the last line is "stress: N passed, M failed" and the exit code is 1 on any failure.
+the run a recovery phase does the same until every key is completed. Then five checks run.
+
+Then, with --send-seconds S2 > 0, the sending side for S2 seconds (tests/stress/senders.py):
+--senders sender sessions on three targets whose receivers go down and come back; three more
+checks, the first that no two senders deadlocked (pg_stat_database.deadlocks unchanged).
+The last line is "stress: N passed, M failed" and the exit code is 1 on any failure.
 
 D is the cluster's data directory (scripts/cluster.sh puts it in DIR/data; DIR is accepted
 too). The program checks that the server it talks to runs from D before it crashes it.
@@ -40,6 +44,8 @@ import threading
 import time
 
 import psycopg
+
+import senders
 
 # The server's own pg_ctl: --bindir, else $PGBIN (tests/lib.sh exports it), else Debian's 15.
 DEFAULT_BINDIR = os.environ.get("PGBIN") or "/usr/lib/postgresql/15/bin"
@@ -672,6 +678,8 @@ def main():
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--sessions", type=int, default=32)
     p.add_argument("--keys", type=int, default=300)
+    p.add_argument("--send-seconds", type=float, default=8, help="the sending phase (0: none)")
+    p.add_argument("--senders", type=int, default=24, help="sender sessions of the sending phase")
     args = p.parse_args()
     if args.sessions < 1 or args.keys < 2 or args.seconds <= 0:
         sys.exit("stress: --sessions, --keys and --seconds must be positive (keys at least 2)")
@@ -683,7 +691,8 @@ def main():
         sys.exit(f"stress: no pg_ctl in {run.bindir} (--bindir)")
     run.logfile = args.logfile or os.path.join(os.path.dirname(os.path.abspath(args.datadir)), "server.log")
     # A last resort against a hang: everything has its own bound well inside this one.
-    watchdog = threading.Timer(args.seconds + LEASE_S + RECOVERY_SECONDS + 300,
+    watchdog = threading.Timer(args.seconds + LEASE_S + RECOVERY_SECONDS + 300 + args.send_seconds
+                               + senders.DRAIN_SECONDS,
                                lambda: (print("stress: watchdog expired\nstress: 0 passed, 5 failed",
                                               flush=True), os._exit(1)))
     watchdog.daemon = True
@@ -695,7 +704,11 @@ def main():
     try:
         run.run_clients()
         run.recover()
-        failed = run.report(run.check())
+        results = run.check()
+        if args.send_seconds > 0:
+            print(f"stress: the sending phase, {args.senders} senders, {args.send_seconds:g} s", flush=True)
+            results += senders.run(run.conninfo, args.send_seconds, args.senders, tag=run.app)
+        failed = run.report(results)
     except Exception as e:
         # e.g. the server did not come back after the crash
         print(f"stress: aborted: {type(e).__name__}: {e}")

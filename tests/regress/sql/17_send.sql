@@ -5,7 +5,7 @@
 SET search_path = idempotency, public;
 CREATE FUNCTION fixture.outbound_digest() RETURNS text LANGUAGE sql AS $$
     SELECT md5(concat((SELECT string_agg(o::text, ';' ORDER BY o.scope, o.operation) FROM idempotency.outbound o), '#',
-                      (SELECT string_agg(b::text, ';' ORDER BY b.target, b.bucket, b.slot) FROM idempotency.outbound_budget b))) $$;
+                      (SELECT string_agg(b::text, ';' ORDER BY b.target, b.bucket, b.backend_pid) FROM idempotency.outbound_budget b))) $$;
 CREATE FUNCTION fixture.send_cases(VARIADIC c text[]) RETURNS TABLE(case_ text, sqlstate text, message text, unchanged boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -160,8 +160,9 @@ SELECT count(*) AS held FROM idem_send_next(scope => 'shop', operation => 'order
 SELECT count(*) AS unknown FROM idem_send_next(scope => 'shop', operation => 'order-404:charge');
 SELECT operation, state FROM outbound WHERE target = 'inline' ORDER BY operation;
 
--- The retry budget: first attempts always; retries while retries <= ratio * first attempts + 10
--- over the last minute, per target.
+-- The retry budget: first attempts always; retries while the receiver fails within
+-- ratio * first attempts + 10 over the window (a minute), a sixth of that over its last sixth,
+-- per target (23_send_budget: its arithmetic, and what final answers earn).
 SET idempotency.send_retry_budget = 0.5;
 INSERT INTO outbound (scope, operation, key, target, state, attempts, next_attempt_at, give_up_at, created_at)
 SELECT 'budget', 'first-' || i, 'kf-' || i, 'budget', 'pending', 0, now() - interval '1 second', now() + interval '1 day', now()
@@ -170,7 +171,7 @@ INSERT INTO outbound (scope, operation, key, target, state, attempts, next_attem
 SELECT 'budget', 'retry-' || i, 'kr-' || i, 'budget', 'pending', 1, now() - interval '2 seconds', now() + interval '1 day', now()
   FROM generate_series(1, 40) AS i;
 -- 20 first attempts (handed out first although the retries are due earlier), then
--- floor(0.5 * 20 + 10) = 20 retries; the other 20 retries wait.
+-- floor(floor(0.5 * 20 + 10) / 6) = 3 retries; the other 37 retries wait.
 SELECT count(*) FILTER (WHERE attempt = 1) AS first_attempts, count(*) FILTER (WHERE attempt > 1) AS retries
   FROM idem_send_next('budget', 100);
 SELECT sum(first_attempts) AS counted_first, sum(retries) AS counted_retries FROM outbound_budget WHERE target = 'budget';

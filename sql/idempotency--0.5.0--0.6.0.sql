@@ -279,6 +279,7 @@ DECLARE
     name text;
     qualified text;
     moved bigint;
+    distributed boolean;
     p record;
 BEGIN
     horizon := now() + coalesce(nullif(current_setting('idempotency.default_ttl', true), '')::interval,
@@ -314,6 +315,16 @@ BEGIN
             EXECUTE pg_catalog.format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%L) TO (%L)',
                                       parent, qualified, start_at, end_at);
             EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', qualified, name || '_period');
+            -- On Citus the ATTACH distributed the new partition, copying the moved rows into
+            -- its shards: the local copy they came from goes.
+            IF moved > 0 AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+                EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition '
+                        'WHERE logicalrelid OPERATOR(pg_catalog.=) $1)' INTO distributed USING qualified::regclass;
+                IF distributed THEN
+                    EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
+                        USING qualified::regclass;
+                END IF;
+            END IF;
             action := 'created';
             partition_name := qualified;
             rows_moved := moved;

@@ -288,7 +288,7 @@ fn claim_with_spi(
                 // and before a deferred claim holds the key (src/policy.rs).
                 let rls = policy::applies(c"keys");
                 let mut trial =
-                    || policy::trial(|| write::create(client, &claim.record(scope, key, None), None));
+                    || policy::trial(|| _ = write::create(client, &claim.record(scope, key, None), None));
                 if !keylock::try_lock(Space::Keys, scope, key) {
                     if rls {
                         trial();
@@ -312,8 +312,8 @@ fn claim_with_spi(
                     // SAFETY: raises 25006 in a read-only transaction, as the INSERT would.
                     unsafe { pg_sys::PreventCommandIfReadOnly(c"idem_claim".as_ptr()) };
                     deferred::hold(scope, key, claim);
-                } else {
-                    write::create(client, &claim.record(scope, key, None), read_token);
+                } else if !write::create(client, &claim.record(scope, key, None), read_token) {
+                    continue;
                 }
                 return Ok(Answer::claimed(Outcome::Claimed, token, 1, lease_end, expires_at, None, None));
             }

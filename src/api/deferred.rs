@@ -185,7 +185,9 @@ pub(super) fn complete(
     if claim.token != token {
         return Some(Err(IdemError::NotOwner { scope: scope.to_string(), key: key.to_string() }));
     }
-    Spi::connect_mut(|client| write::create(client, &claim.record(scope, key, Some(done)), claim.replaces));
+    Spi::connect_mut(|client| {
+        _ = write::create(client, &claim.record(scope, key, Some(done)), claim.replaces)
+    });
     push(scope, key, None);
     Some(Ok(()))
 }
@@ -240,7 +242,7 @@ fn write_held() {
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
     Spi::connect_mut(|client| {
         for ((scope, key), claim) in &held {
-            write::create(client, &claim.record(scope, key, None), claim.replaces);
+            _ = write::create(client, &claim.record(scope, key, None), claim.replaces);
         }
     });
     unsafe { pg_sys::PopActiveSnapshot() };

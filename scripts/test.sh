@@ -119,6 +119,8 @@ register_suites() {
         tests/monitoring/run.sh
     register python-client   15   full ext     'the tests of the Python middleware package, over real HTTP, also through PgBouncer' \
         clients/python/test.sh
+    register artifacts-python 15  full ext     'the Python package as PyPI will ship it: the wheel and the sdist built (`scripts/build-artifacts.sh python`), the wheel installed into a fresh project outside the clone, the README'"'"'s example apps run against a database restarted, stopped (503 within 2 s) and started again; the sdist installed ([tests/artifacts/python.sh](tests/artifacts/python.sh))' \
+        tests/artifacts/python.sh
     register node-client     15   full ext     'the tests of the Node middleware package, over real HTTP, also through PgBouncer' \
         clients/node/test.sh
     register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \
@@ -127,7 +129,7 @@ register_suites() {
         clients/go/test.sh
     register java-client     15   full ext     'the tests of the Java package (core client, Servlet filter, Spring Boot starter; `mvn verify` with the compiler warnings as errors), over real HTTP, also through PgBouncer' \
         clients/java/test.sh
-    register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget; exactly one side effect per operation' \
+    register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget, a trickling answer against the timeout, the sender'"'"'s database terminated and restarted under its worker, the per-sender settings (each language the scenarios its senders/LANG.json lists); exactly one side effect per operation' \
         tests/sending/run.sh
     register sending-portable 15  full -       'the sending side end to end against the portable edition (the Python send demo: the packages differ from each other in the client, not in the edition)' \
         env IDEM_EDITION=portable tests/sending/run.sh python

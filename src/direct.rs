@@ -251,22 +251,29 @@ unsafe fn open(table: Table, columns: &[&str], now: TimestampWithTimeZone) -> Re
             return Err(why);
         }
     };
-    let mut opened = Opened { tables: Vec::new(), snapshot: pg_sys::GetActiveSnapshot(), attnums: Vec::new() };
+    let mut opened =
+        Opened { tables: Vec::new(), snapshot: pg_sys::GetActiveSnapshot(), attnums: Vec::new() };
     let legacy = relid_of(table.legacy_name());
     let mut result = Ok(());
-    for (leaf, through_parent) in leaves.into_iter().map(|l| (l, true)).chain(
-        (legacy != pg_sys::InvalidOid).then_some((legacy, false)),
-    ) {
+    for (leaf, through_parent) in
+        leaves.into_iter().map(|l| (l, true)).chain((legacy != pg_sys::InvalidOid).then_some((legacy, false)))
+    {
         // The table a 0.5.0 database kept its records in is queried by name: its own rights.
         if !through_parent && !may_select(leaf) {
             result = Err(ThroughSpi::NoSelectPrivilege);
             break;
         }
-        let leaf_rel = if leaf == relid { rel } else { pg_sys::table_open(leaf, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+        let leaf_rel = if leaf == relid {
+            rel
+        } else {
+            pg_sys::table_open(leaf, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
+        };
         let checked = (if through_parent { Ok(()) } else { queried_plainly(leaf_rel) })
             .and_then(|()| checked_index(leaf_rel, table))
             .and_then(|index| match attnums_of(leaf_rel, columns) {
-                Some(attnums) if opened.attnums.is_empty() || opened.attnums == attnums => Ok((index, attnums)),
+                Some(attnums) if opened.attnums.is_empty() || opened.attnums == attnums => {
+                    Ok((index, attnums))
+                }
                 found => {
                     pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
                     Err(if found.is_none() { ThroughSpi::ColumnMissing } else { ThroughSpi::ColumnsDiffer })

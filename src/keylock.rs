@@ -76,6 +76,15 @@ pub fn lock(space: Space, scope: &str, key: &str) {
     }
 }
 
+/// Takes the key lock of (scope, key) if nobody holds it; false (and nothing taken) if
+/// somebody does.
+pub fn try_lock(space: Space, scope: &str, key: &str) -> bool {
+    let tag = tag(space, scope, key);
+    // SAFETY: as in `lock`, with dontWait: it never blocks.
+    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true) };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,7 +52,11 @@ pub fn read_order(parts: &[Bounds], default: Option<usize>, now: i64, grace: i64
 ///
 /// # Safety
 /// `rel` is open and locked.
-pub unsafe fn leaves_to_read(rel: pg_sys::Relation, now: TimestampWithTimeZone, grace: i64) -> Option<Vec<Oid>> {
+pub unsafe fn leaves_to_read(
+    rel: pg_sys::Relation,
+    now: TimestampWithTimeZone,
+    grace: i64,
+) -> Option<Vec<Oid>> {
     let class = &*(*rel).rd_rel;
     if class.relkind as u8 == pg_sys::RELKIND_RELATION {
         return Some(vec![(*rel).rd_id]);
@@ -74,7 +78,8 @@ pub unsafe fn leaves_to_read(rel: pg_sys::Relation, now: TimestampWithTimeZone, 
     if nparts == 0 {
         return Some(Vec::new());
     }
-    if info.is_null() || (*info).strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+    // 'r' (PARTITION_STRATEGY_RANGE, a constant of its own up to 15, of an enum since 16).
+    if info.is_null() || (*info).strategy as u8 != b'r' {
         return None;
     }
     let mut parts = vec![Bounds { lower: None, upper: None }; nparts];

@@ -20,6 +20,7 @@ mod errors;
 mod jcs;
 mod jsonb;
 mod keylock;
+mod policy;
 mod record;
 mod settings;
 mod spi;

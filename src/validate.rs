@@ -105,7 +105,10 @@ pub fn partition_period(arg: &'static str, months: i32, days: i32, micros: i64) 
     const SECOND: i128 = 1_000_000;
     let total = total_micros(months, days, micros);
     if total != 0 && (months != 0 || !(SECOND..=366 * 86_400 * SECOND).contains(&total)) {
-        return Err(IdemError::invalid(arg, "must be 0 or a fixed length of 1 second to 366 days, no months"));
+        return Err(IdemError::invalid(
+            arg,
+            "must be 0 or a fixed length of 1 second to 366 days, no months",
+        ));
     }
     Ok(())
 }

@@ -7,9 +7,11 @@
 #      pooling) in front of it
 #   3. pytest: the client and the fingerprint against the real extension, the FastAPI
 #      (uvicorn) and Django (gunicorn) demo apps as real servers over real HTTP, directly and
-#      through PgBouncer; FastAPI apps writing with SQLAlchemy sessions (tests/test_sqlalchemy.py); a second cluster stopped and started under them (503 while down);
-#      README.md's install block run as it is in a fresh venv (from PyPI, pinned through
-#      PIP_CONSTRAINT; IDEM_PY_SKIP_README=1 skips it) and README's first app against the database
+#      through PgBouncer; FastAPI apps writing with SQLAlchemy sessions (tests/test_sqlalchemy.py);
+#      a second cluster restarted, stopped and started under the README's example apps, a Django
+#      app and the demo apps (tests/test_outage.py), and under the sender's worker (tests/test_sender_faults.py); README.md's install block run as it is in a
+#      fresh venv (from PyPI, pinned through PIP_CONSTRAINT; IDEM_PY_SKIP_README=1 skips it) and
+#      README's first app against the database
 # Last line: "python-client: N passed, M failed" (from pytest's junit report; skipped tests are
 # listed with their reason and not counted as passed). Exit code non-zero on any failure.
 #   IDEM_PY_PORT (default: tests/lib.sh's "python" port; PgBouncer on +1), IDEM_PY_DIR,
@@ -70,8 +72,8 @@ cluster_fresh "$dir" "$port" "$LISTEN_TCP" || give_up "the cluster did not start
 pgbouncer_start "$dir/bouncer" "$bouncer_port" "$port" "prep_check = host=127.0.0.1 port=$port dbname=idem_py" ||
     give_up "pgbouncer did not start"
 echo "== $("$PGBOUNCER" --version | head -1), pool_mode = transaction"
-# A second cluster, on its unix socket only, that tests/test_outage.py stops and starts again
-# under the demo apps (the database unavailable, then back).
+# A second cluster, on its unix socket only, that tests/test_outage.py restarts, stops and starts
+# again under running apps (the database unavailable, then back).
 cluster_start "$dir/outage" "$port" "listen_addresses = ''" || give_up "the outage cluster did not start"
 export IDEM_PY_OUTAGE_DIR="$dir/outage" IDEM_PY_PGBIN="$PGBIN"
 export IDEM_PY_OUTAGE_URL="postgresql://postgres@/postgres?host=$dir/outage/socket&port=$port"

@@ -26,9 +26,10 @@ use crate::api::wait;
 use crate::api::write;
 use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
+use crate::keylock::{self, Space};
 use crate::record::{Outcome, Status};
 use crate::spi::{self, get, Kind, Statement};
-use crate::{keylock, settings, validate};
+use crate::{policy, settings, validate};
 
 /// Rounds of read-then-write before giving up with 40001. Each lost round means another
 /// transaction changed this very key between our read and our write.
@@ -142,9 +143,8 @@ fn claim_at(request: &Request<'_>, now: TimestampWithTimeZone) -> Result<Answer,
             Next::NewClaim | Next::TakeOver { .. } => in_progress(&held),
         });
     }
-    let first = direct::read(Table::Keys, request.scope, request.key, READ.columns, now, |row| {
-        row.map(Record::read)
-    });
+    let first =
+        direct::read(Table::Keys, request.scope, request.key, READ.columns, now, |row| row.map(Record::read));
     let first = first.map(|record| (decide(request, now, record.as_ref()), record.map(|r| r.token)));
     if let Some((Next::Answer(answer), _)) = first {
         return Ok(answer);
@@ -272,18 +272,6 @@ fn claim_with_spi(
         match next {
             Next::Answer(answer) => return Ok(answer),
             Next::NewClaim => {
-                keylock::lock(keylock::Space::Keys, scope, key);
-                let latest = read_latest(client, scope, key, now);
-                if latest.as_ref().map(|r| r.token) != read_token {
-                    if snapshot_is_kept() {
-                        // The key changed after this transaction's snapshot, which cannot
-                        // show what is there now.
-                        return Err(IdemError::ConcurrentChange { deleted: latest.is_none() });
-                    }
-                    // Another transaction changed the key meanwhile: decide on what it left.
-                    first = Some((decide(request, now, latest.as_ref()), latest.map(|r| r.token)));
-                    continue;
-                }
                 let token = new_token();
                 let claim = Claim {
                     token,
@@ -296,6 +284,30 @@ fn claim_with_spi(
                     recovery_point: None,
                     recovery_data: None,
                 };
+                // Row-level security: the INSERT policy answers before any wait for the lock,
+                // and before a deferred claim holds the key (src/policy.rs).
+                let rls = policy::applies(c"keys");
+                let mut trial =
+                    || policy::trial(|| write::create(client, &claim.record(scope, key, None), None));
+                if !keylock::try_lock(Space::Keys, scope, key) {
+                    if rls {
+                        trial();
+                    }
+                    keylock::lock(Space::Keys, scope, key);
+                } else if rls && request.deferred {
+                    trial();
+                }
+                let latest = read_latest(client, scope, key, now);
+                if latest.as_ref().map(|r| r.token) != read_token {
+                    if snapshot_is_kept() {
+                        // The key changed after this transaction's snapshot, which cannot
+                        // show what is there now.
+                        return Err(IdemError::ConcurrentChange { deleted: latest.is_none() });
+                    }
+                    // Another transaction changed the key meanwhile: decide on what it left.
+                    first = Some((decide(request, now, latest.as_ref()), latest.map(|r| r.token)));
+                    continue;
+                }
                 if request.deferred {
                     // SAFETY: raises 25006 in a read-only transaction, as the INSERT would.
                     unsafe { pg_sys::PreventCommandIfReadOnly(c"idem_claim".as_ptr()) };

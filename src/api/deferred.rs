@@ -15,8 +15,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use pgrx::datum::{Interval, TimestampWithTimeZone, Uuid};
-use pgrx::pg_sys::{self, SubTransactionId};
 use pgrx::heap_tuple::PgHeapTuple;
+use pgrx::pg_sys::{self, SubTransactionId};
 use pgrx::prelude::*;
 use pgrx::{AllocatedByRust, IntoDatum};
 
@@ -73,7 +73,10 @@ fn push(scope: &str, key: &str, version: Option<Claim>) {
 /// The deferred claim of (scope, key) this transaction holds now, if any.
 fn current(scope: &str, key: &str) -> Option<Claim> {
     HELD.with(|held| {
-        held.borrow().get(&(scope.to_string(), key.to_string())).and_then(|v| v.last()).and_then(|(_, c)| c.clone())
+        held.borrow()
+            .get(&(scope.to_string(), key.to_string()))
+            .and_then(|v| v.last())
+            .and_then(|(_, c)| c.clone())
     })
 }
 
@@ -85,7 +88,8 @@ pub(super) fn held_row(scope: &str, key: &str) -> Option<PgHeapTuple<'static, Al
     }
     let claim = current(scope, key)?;
     let r = claim.record(scope, key, None);
-    let mut row = PgHeapTuple::new_composite_type("idempotency.keys").expect("idempotency.keys is a row type");
+    let mut row =
+        PgHeapTuple::new_composite_type("idempotency.keys").expect("idempotency.keys is a row type");
     set(&mut row, "scope", r.scope);
     set(&mut row, "key", r.key);
     set(&mut row, "fingerprint", r.fingerprint);
@@ -103,10 +107,17 @@ pub(super) fn held_row(scope: &str, key: &str) -> Option<PgHeapTuple<'static, Al
 
 impl Claim {
     /// The record the claim writes: `in_progress`, or `completed` with the response `done`.
-    pub(super) fn record<'a>(&'a self, scope: &'a str, key: &'a str, done: Option<Completion>) -> NewRecord<'a> {
+    pub(super) fn record<'a>(
+        &'a self,
+        scope: &'a str,
+        key: &'a str,
+        done: Option<Completion>,
+    ) -> NewRecord<'a> {
         let (status, locked_until, completed_at, response) = match done {
             None => (Status::InProgress, Some(self.locked_until), None, (None, None, None)),
-            Some(done) => (Status::Completed, None, Some(done.at), (Some(done.status), done.headers, done.body)),
+            Some(done) => {
+                (Status::Completed, None, Some(done.at), (Some(done.status), done.headers, done.body))
+            }
         };
         NewRecord {
             scope,
@@ -164,7 +175,12 @@ pub(super) struct Completion {
 
 /// idem_complete of a deferred claim: None when this transaction holds none for the key
 /// (the record, if any, is in the table).
-pub(super) fn complete(scope: &str, key: &str, token: Uuid, done: Completion) -> Option<Result<(), IdemError>> {
+pub(super) fn complete(
+    scope: &str,
+    key: &str,
+    token: Uuid,
+    done: Completion,
+) -> Option<Result<(), IdemError>> {
     let claim = current(scope, key)?;
     if claim.token != token {
         return Some(Err(IdemError::NotOwner { scope: scope.to_string(), key: key.to_string() }));

@@ -34,7 +34,8 @@ fn picking(
     args: &'static [pgrx::pg_sys::Oid],
     columns: &'static [&'static str],
 ) -> PerDeployment {
-    let form = |lock: &str, kind: Kind| Statement { sql: format!("{head}{lock}{tail}").leak(), args, kind, columns };
+    let form =
+        |lock: &str, kind: Kind| Statement { sql: format!("{head}{lock}{tail}").leak(), args, kind, columns };
     PerDeployment { one_server: form(" FOR UPDATE SKIP LOCKED", Kind::Write), citus: form("", Kind::Read) }
 }
 
@@ -302,7 +303,8 @@ fn sweep(max_rows: Option<i32>) -> Result<i64, IdemError> {
             if done >= budget {
                 return done;
             }
-            let deployment = if sweep.pick.one_server.sql.contains("messages") { tables.messages } else { tables.keys };
+            let deployment =
+                if sweep.pick.one_server.sql.contains("messages") { tables.messages } else { tables.keys };
             done += sweep_part(client, sweep, deployment, cut_off, span, budget - done);
         }
         for (legacy, statement, table) in [
@@ -329,7 +331,7 @@ fn maintain_partitions(client: &mut SpiClient<'_>) {
         let due = spi::run(client, &PARTITIONS_DUE, &[]).first();
         if get::<bool>(&due, &PARTITIONS_DUE, "due") == Some(true) {
             pgrx::notice!(
-            "idem_sweep: partitions are made and dropped only by a sweep in a transaction of its own \
+                "idem_sweep: partitions are made and dropped only by a sweep in a transaction of its own \
              (pg_cron runs it so); this one, in a transaction block, left them as they are"
             );
         }

@@ -22,7 +22,7 @@ use crate::direct::{self, Table};
 use crate::errors::{IdemError, OrRaise};
 use crate::keylock::{self, Space};
 use crate::spi::{self, get_not_null, Kind, Statement};
-use crate::{settings, validate};
+use crate::{policy, settings, validate};
 
 // The id's latest record (a partition about to be dropped may still hold an older one).
 static READ: Statement = Statement {
@@ -47,27 +47,32 @@ static READ_WITH_LEGACY: Statement = Statement {
     columns: &["expires_at"],
 };
 
-// $1 scope, $2 ids, $3 now: the ids of the batch with a live record.
-static LIVE: Statement = Statement {
-    sql: "SELECT message_id FROM idempotency.messages \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
-            AND expires_at OPERATOR(pg_catalog.>) $3",
-    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+// $1 scope, $2 ids: each id of the batch with the latest expiry of its records (NULL: none).
+// One primary-key look-up per id (per partition): a scalar subquery, because a join with the
+// array (or `= ANY ($2)`) is planned once per backend, and a plan made while the table was
+// small can read the whole scope and test each row against the array, slower with every
+// batch recorded.
+static LATEST: Statement = Statement {
+    sql: "SELECT id AS message_id, \
+                 (SELECT pg_catalog.max(m.expires_at) FROM idempotency.messages AS m \
+                   WHERE m.scope OPERATOR(pg_catalog.=) $1 AND m.message_id OPERATOR(pg_catalog.=) id) AS latest \
+          FROM pg_catalog.unnest($2) AS id",
+    args: &[TEXTOID, TEXTARRAYOID],
     kind: Kind::Read,
-    columns: &["message_id"],
+    columns: &["message_id", "latest"],
 };
 
-static LIVE_WITH_LEGACY: Statement = Statement {
-    sql: "SELECT message_id FROM idempotency.messages \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
-            AND expires_at OPERATOR(pg_catalog.>) $3 \
-          UNION ALL \
-          SELECT message_id FROM idempotency.messages_legacy \
-          WHERE scope OPERATOR(pg_catalog.=) $1 AND message_id OPERATOR(pg_catalog.=) ANY ($2) \
-            AND expires_at OPERATOR(pg_catalog.>) $3",
-    args: &[TEXTOID, TEXTARRAYOID, TIMESTAMPTZOID],
+static LATEST_WITH_LEGACY: Statement = Statement {
+    sql: "SELECT id AS message_id, \
+                 pg_catalog.greatest( \
+                   (SELECT pg_catalog.max(m.expires_at) FROM idempotency.messages AS m \
+                     WHERE m.scope OPERATOR(pg_catalog.=) $1 AND m.message_id OPERATOR(pg_catalog.=) id), \
+                   (SELECT pg_catalog.max(l.expires_at) FROM idempotency.messages_legacy AS l \
+                     WHERE l.scope OPERATOR(pg_catalog.=) $1 AND l.message_id OPERATOR(pg_catalog.=) id)) AS latest \
+          FROM pg_catalog.unnest($2) AS id",
+    args: &[TEXTOID, TEXTARRAYOID],
     kind: Kind::Read,
-    columns: &["message_id"],
+    columns: &["message_id", "latest"],
 };
 
 // $1 scope, $2 ids, $3 now: the expired records of ids about to be recorded, wherever they are.
@@ -125,7 +130,13 @@ fn seen(scope: Option<&str>, message_id: Option<&str>, ttl: Option<Interval>) ->
         if live(&first) {
             return Ok(false);
         }
-        keylock::lock(Space::Messages, scope, message_id);
+        // Row-level security: the INSERT policy answers before any wait (src/policy.rs).
+        if !keylock::try_lock(Space::Messages, scope, message_id) {
+            if policy::applies(c"messages") {
+                policy::trial(|| record(client, scope, &[message_id], now, now + ttl, false));
+            }
+            keylock::lock(Space::Messages, scope, message_id);
+        }
         let latest = read_latest(client, scope, message_id, now);
         if latest != first {
             if snapshot_is_kept() {
@@ -222,31 +233,61 @@ fn seen_many(
     let now = spi::now();
     let distinct = in_lock_order(&ids);
     let recorded: HashSet<String> = Spi::connect_mut(|client| {
-        let live = |client: &mut SpiClient<'_>| -> HashSet<String> {
+        // Each id's latest expiry (None: never seen).
+        let latest = |client: &mut SpiClient<'_>| -> Vec<(String, Option<TimestampWithTimeZone>)> {
             let statement =
-                if direct::legacy_exists(Table::Messages) { &LIVE_WITH_LEGACY } else { &LIVE };
-            spi::run(client, statement, &[scope.into(), distinct.clone().into(), now.into()])
-                .map(|row| get_not_null::<String>(&row, statement, "message_id"))
+                if direct::legacy_exists(Table::Messages) { &LATEST_WITH_LEGACY } else { &LATEST };
+            spi::run(client, statement, &[scope.into(), distinct.clone().into()])
+                .map(|row| {
+                    (
+                        get_not_null::<String>(&row, statement, "message_id"),
+                        spi::get(&row, statement, "latest"),
+                    )
+                })
                 .collect()
         };
-        let first = live(client);
-        let new: Vec<&str> = distinct.iter().copied().filter(|id| !first.contains(*id)).collect();
+        let first = latest(client);
+        let new: Vec<&str> = distinct
+            .iter()
+            .copied()
+            .filter(|id| !first.iter().any(|(seen, expiry)| seen == id && expiry.is_some_and(|e| e > now)))
+            .collect();
         if new.is_empty() {
             return Ok(HashSet::new());
         }
-        for id in &new {
-            keylock::lock(Space::Messages, scope, id);
+        // In byte order: the ids free now at once, then (after the policy's answer where
+        // row-level security applies, src/policy.rs) the rest, waiting for each in turn.
+        let free = new.iter().take_while(|id| keylock::try_lock(Space::Messages, scope, id)).count();
+        if free < new.len() {
+            if policy::applies(c"messages") {
+                policy::trial(|| record(client, scope, &new, now, now + ttl, false));
+            }
+            for id in &new[free..] {
+                keylock::lock(Space::Messages, scope, id);
+            }
         }
         // SAFETY: pushed and popped around the read; an error's abort unwinds the stack.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
-        let latest = live(client);
+        let after = latest(client);
         unsafe { pg_sys::PopActiveSnapshot() };
-        let still_new: Vec<&str> = new.iter().copied().filter(|id| !latest.contains(*id)).collect();
-        if still_new.len() != new.len() && snapshot_is_kept() {
+        let changed = |id: &str| {
+            let of = |list: &Vec<(String, Option<TimestampWithTimeZone>)>| {
+                list.iter().find(|(seen, _)| seen == id).and_then(|(_, e)| *e)
+            };
+            of(&first) != of(&after)
+        };
+        if snapshot_is_kept() && new.iter().any(|id| changed(id)) {
             return Err(IdemError::ConcurrentChange { deleted: false });
         }
+        let still_new: Vec<&str> = new
+            .iter()
+            .copied()
+            .filter(|id| !after.iter().any(|(seen, expiry)| seen == id && expiry.is_some_and(|e| e > now)))
+            .collect();
+        let expired =
+            still_new.iter().any(|id| after.iter().any(|(seen, expiry)| seen == id && expiry.is_some()));
         if !still_new.is_empty() {
-            record(client, scope, &still_new, now, now + ttl, true);
+            record(client, scope, &still_new, now, now + ttl, expired);
         }
         Ok(still_new.into_iter().map(str::to_string).collect())
     })?;

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response  # noqa:
 import common  # noqa: E402
 from pg_idempotency import Refused  # noqa: E402
 import psycopg  # noqa: E402
-from pg_idempotency.asgi import IdempotencyMiddleware, database_error_handler, make_pool  # noqa: E402
+from pg_idempotency.asgi import IdempotencyMiddleware, database_error_handler, live_connection, make_pool  # noqa: E402
 
 
 def problem_response(r: Refused) -> Response:
@@ -31,7 +31,8 @@ def created(charge_id: str, amount: int, currency: str) -> Response:
 
 
 def build(args) -> FastAPI:
-    # timeout: how long a request waits for a connection before its 503 while the database is away
+    # timeout: psycopg_pool's own wait for a connection; the middleware (and live_connection
+    # below) wait 1 s at most, so that the database down is a 503 at once
     pool = make_pool(args.database_url, min_size=2, max_size=20, timeout=5)
 
     @asynccontextmanager
@@ -93,7 +94,7 @@ def build(args) -> FastAPI:
     @app.get("/charges/{charge_id}")
     async def get_charge(charge_id: str, request: Request):
         tenant = common.tenant_from(request.headers.get("x-api-key"))
-        async with pool.connection() as conn:
+        async with live_connection(pool) as conn:
             row = await (await conn.execute(common.SELECT_CHARGE, (charge_id, tenant))).fetchone()
         if row is None:
             raise Refused(status=404, detail="no such charge")

@@ -12,8 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
@@ -201,3 +203,83 @@ def app(request, db_url, log_dir):
     server = Server(request.param, db_url, log_dir).start()
     yield server
     server.stop()
+
+
+# --- test.sh's second cluster, which tests stop and start again ---------------------------
+
+OUTAGE_DIR = os.environ.get("IDEM_PY_OUTAGE_DIR")
+
+
+def outage_pg_ctl(*args: str) -> None:
+    cmd = [os.path.join(os.environ["IDEM_PY_PGBIN"], "pg_ctl"), "-D", os.path.join(OUTAGE_DIR, "data"), "-w", *args]
+    if os.getuid() == 0:  # PostgreSQL refuses to run as root
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    subprocess.run(cmd, check=True, cwd="/", stdout=subprocess.DEVNULL)
+
+
+def outage_start() -> None:
+    outage_pg_ctl("-l", os.path.join(OUTAGE_DIR, "server.log"), "start")
+
+
+def outage_database(name: str) -> str:
+    """A fresh database with the extension on the outage cluster (skips without it)."""
+    if not OUTAGE_DIR:
+        pytest.skip("IDEM_PY_OUTAGE_DIR is not set: clients/python/test.sh starts the cluster this test stops")
+    url = os.environ["IDEM_PY_OUTAGE_URL"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    base, _, query = url.partition("?")
+    db_url = with_database(base, name) + "?" + query
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION idempotency")
+    return db_url
+
+
+# --- a receiver of the sender's requests ---------------------------------------------------
+
+class Receiver:
+    """Answers POSTs from `script` (a list of (status, headers) used in turn; the last one
+    repeats) and logs (path, Idempotency-Key, body) of each. With `hold`, each request waits
+    for `release` (set) before it is answered; `arrived` is set when one came."""
+
+    def __init__(self, script=((201, {}),), hold: bool = False):
+        self.script = list(script)
+        self.log: list[tuple[str, str, bytes]] = []
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        if not hold:
+            self.release.set()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.log.append((self.path, self.headers.get("Idempotency-Key"), body))
+                n = len(receiver.log)
+                receiver.arrived.set()
+                receiver.release.wait(60)
+                status, headers = receiver.script[min(n, len(receiver.script)) - 1]
+                answer = json.dumps({"n": n}).encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/charges"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def keys(self) -> set[str]:
+        return {k for _, k, _ in self.log}
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()

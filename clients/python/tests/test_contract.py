@@ -1,6 +1,7 @@
 """The package against contract/contract.json, the repository's one description of the
-contract: its outcome words, its SQLSTATE map and every problem answer the middleware makes
-(type, title, detail, status, Retry-After) are exactly the description's. No I/O."""
+contract: its outcome words, its SQLSTATE map, the refused statuses (the handler answers that
+release the key) and every problem answer the middleware makes (type, title, detail, status,
+Retry-After) are exactly the description's. No I/O."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pg_idempotency import Claim, Outcome, Refused, parse_key
+from pg_idempotency import Claim, Outcome, Refused, RoutePolicy, parse_key
 from pg_idempotency.errors import BY_SQLSTATE
-from pg_idempotency.http import (PROBLEM_TYPE, PROBLEM_TYPE_PREFIX, PROBLEMS, answer_without_work,
+from pg_idempotency.http import (PROBLEM_TYPE, PROBLEM_TYPE_PREFIX, PROBLEMS, REFUSED_STATUSES, answer_without_work,
                                  contract_problem, fenced_answer)
 
 CONTRACT = json.loads((Path(__file__).resolve().parents[3] / "contract" / "contract.json").read_text())
@@ -97,3 +98,13 @@ def test_sqlstate_map_is_the_contracts():
     assert for_clients - set(BY_SQLSTATE) == set(), "codes every client maps, missing here"
     for code, cls in BY_SQLSTATE.items():
         assert cls.sqlstate == code and (cls.__doc__ or "").startswith(code + ":"), cls
+
+
+def test_refused_statuses_are_the_contracts_and_the_default():
+    assert REFUSED_STATUSES == frozenset(CONTRACT["refused_statuses"]["statuses"])
+    policy = RoutePolicy()
+    assert policy.refused_statuses is REFUSED_STATUSES
+    for status in CONTRACT["refused_statuses"]["statuses"]:
+        assert not policy.stores(status), status
+    for status in (200, 201, 204, 301, 402, 409, 410):
+        assert policy.stores(status), status

@@ -96,6 +96,40 @@ def test_malformed_key_400_nothing_claimed(app, name, db_url):
     assert records(db_url, t) == 0 and charges(db_url, t) == 0
 
 
+def stored_keys(db_url: str, tenant_: str) -> set[str]:
+    with psycopg.connect(db_url) as c:
+        return {k for (k,) in c.execute("SELECT key FROM idempotency.keys WHERE starts_with(scope, %s)",
+                                         (tenant_ + ":",))}
+
+
+def test_key_spaces_inside_quotes_escapes_and_spaces_around(app, db_url):
+    """README.md, Key: spaces inside the quotes are the key's, \\" an escaped quote; spaces
+    around the value are not part of it (the server drops them)."""
+    t = tenant()
+    spaced = app.post("/charges", AMOUNT, '"order 1 a"', t)
+    padded = app.post("/charges", AMOUNT, '   "order 1 a"  ', t)
+    assert spaced.status == 201 and not spaced.replayed and padded.replayed and padded.body == spaced.body
+    bare = app.post("/charges", AMOUNT, "  k-padded ", t)
+    assert bare.status == 201 and app.post("/charges", AMOUNT, "k-padded", t).replayed
+    assert app.post("/charges", AMOUNT, '"a\\"b"', t).status == 201
+    assert stored_keys(db_url, t) == {"order 1 a", "k-padded", 'a"b'}
+
+
+CONTROL_KEYS = {"SOH between the quotes": '"a\x01b"', "DEL between the quotes": '"a\x7fb"',
+                "SOH in a bare value": "a\x01b", "NUL": '"a\x00b"'}
+
+
+@pytest.mark.parametrize("name", sorted(CONTROL_KEYS))
+def test_control_characters_400_from_the_server_or_the_middleware(app, name, db_url):
+    """README.md, Key: uvicorn hands every control character but NUL to the app, where the
+    middleware refuses it (its problem); gunicorn refuses every one but the tab itself."""
+    t = tenant()
+    r = app.post("/charges", AMOUNT, CONTROL_KEYS[name], t)
+    assert r.status == 400, r
+    assert r.is_problem(400) == (app.kind == "asgi" and name != "NUL"), r
+    assert records(db_url, t) == 0
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_duplicated_key_field_400(app, route, db_url):
     t = tenant()

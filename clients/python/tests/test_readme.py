@@ -1,13 +1,18 @@
-"""README.md's install block, run as it is in a fresh folder beside a link to this clone (so
+"""README.md against what it says: the examples it shows are exactly the files in examples/
+(which the suites run as they are), the refused statuses it lists are the contract's; and its
+install block, run as it is in a fresh folder beside a link to this clone (so
 `./idempotency/...` is this tree), into a fresh virtual environment, from PyPI (pinned by
-constraints.txt through PIP_CONSTRAINT); then nothing new in the source tree; then README's
-first app, as it is, under uvicorn of that environment against the real database: one order
-for the same request twice, the second a replay."""
+constraints.txt through PIP_CONSTRAINT); then nothing new in the source tree; then the first
+app (examples/orders.py, copied as the README says) under uvicorn of that environment against
+the real database: one order for the same request twice, the second a replay; the same key
+with another body 422."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -21,6 +26,9 @@ from conftest import free_port, request, with_database
 PACKAGE = Path(__file__).resolve().parent.parent
 ROOT = PACKAGE.parent.parent
 README = (PACKAGE / "README.md").read_text()
+EXAMPLES = PACKAGE / "examples"
+# <!-- file: PATH --> then a fenced block: the file PATH (relative to the package), as it is
+SHOWN_FILE = re.compile(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
 def block_after(marker: str, lang: str) -> str:
@@ -53,12 +61,27 @@ def installed(tmp_path_factory, log_dir):
     return home
 
 
+def test_readme_shows_each_example_file_exactly():
+    shown = {path: text for path, text in SHOWN_FILE.findall(README)}
+    assert sorted(shown) == sorted(f"examples/{p.name}" for p in EXAMPLES.glob("*.py")), \
+        "every file of examples/ is shown in README.md, under <!-- file: examples/NAME -->"
+    for path, text in shown.items():
+        assert text == (PACKAGE / path).read_text(), f"README.md's block differs from {path}"
+
+
+def test_readme_lists_the_contracts_refused_statuses():
+    contract = json.loads((ROOT / "contract" / "contract.json").read_text())
+    m = re.search(r"contract/contract\.json's list, the same in\s+every package: ([\d, ]+):", README)
+    assert m, "README.md no longer lists the refused statuses where it did"
+    assert [int(s) for s in m.group(1).split(",")] == contract["refused_statuses"]["statuses"]
+
+
 def test_readme_install_and_first_app(installed, db_url, log_dir):
-    (installed / "app.py").write_text(block_after("<!-- example app:", "python"))
+    shutil.copy(EXAMPLES / "orders.py", installed / "orders.py")  # as the README says: a copy of the file
     url = fresh_database(db_url, "idem_readme")
     port = free_port()
     log = open(log_dir / f"readme-app-{port}.log", "ab")
-    proc = subprocess.Popen([str(installed / "venv/bin/uvicorn"), "app:app", "--port", str(port)], cwd=installed,
+    proc = subprocess.Popen([str(installed / "venv/bin/uvicorn"), "orders:app", "--port", str(port)], cwd=installed,
                             env={**os.environ, "DATABASE_URL": url}, stdout=log, stderr=log)
     check_orders_app(proc, log, port, url)
 
@@ -75,22 +98,25 @@ def fresh_database(db_url: str, name: str) -> str:
 
 
 def check_orders_app(proc: subprocess.Popen, log, port: int, url: str) -> None:
-    """A README app serving POST /orders, once it answers: the same request twice gives 201,
-    then the same body replayed, and one order row; the app is stopped and its log closed."""
+    """An example app serving POST /orders, once it answers: the same request twice gives 201,
+    then the same body replayed, and one order row; the same key with another body 422; the app
+    is stopped and its log closed."""
     try:
         deadline = time.monotonic() + 30
-        key = f'"{uuid.uuid4()}"'
-        headers = [("Idempotency-Key", key)]
+        headers = [("X-Api-Key", "acct_readme"), ("Idempotency-Key", f'"{uuid.uuid4()}"')]
+        order = {"item": "book", "quantity": 1}
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, f"the README app did not start; see {log.name}"
+            assert proc.poll() is None and time.monotonic() < deadline, f"the example app did not start; see {log.name}"
             try:
-                first = request(port, "POST", "/orders", {"item": "book"}, headers)
+                first = request(port, "POST", "/orders", order, headers)
                 break
             except OSError:
                 time.sleep(0.2)
         assert first.status == 201 and not first.replayed and first.json()["item"] == "book", first
-        again = request(port, "POST", "/orders", {"item": "book"}, headers)
+        again = request(port, "POST", "/orders", order, headers)
         assert again.status == 201 and again.replayed and again.body == first.body, again
+        other = request(port, "POST", "/orders", {"item": "pen", "quantity": 1}, headers)
+        assert other.is_problem(422) and other.json()["type"].endswith(":idempotency-key-reused"), other
         with psycopg.connect(url) as c:
             assert c.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
     finally:

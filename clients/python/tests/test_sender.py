@@ -5,63 +5,25 @@ request's Idempotency-Key)."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from conftest import free_port
-from pg_idempotency.sender import (MAX_RETRY_AFTER, Delivered, NotYet, Sender, Unknown, key_header, parse_retry_after,
-                                   prepare)
+from conftest import Receiver, free_port
+from pg_idempotency.sender import (MAX_RETRY_AFTER, Delivered, NotYet, Sender, Unknown, check_timeout, error_code,
+                                   first_line, interval_text, key_header, parse_retry_after, prepare, reconnect_delay,
+                                   setting_values)
 
 DEMO = Path(__file__).resolve().parent.parent / "demo" / "send_demo.py"
-
-
-class Receiver:
-    """Answers POSTs from `script` (a list of (status, headers) used in turn; the last one
-    repeats) and logs (path, Idempotency-Key, body) of each."""
-
-    def __init__(self, script=((201, {}),)):
-        self.script = list(script)
-        self.log: list[tuple[str, str, bytes]] = []
-        self.arrived = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                receiver.log.append((self.path, self.headers.get("Idempotency-Key"), body))
-                receiver.arrived.set()
-                status, headers = receiver.script[min(len(receiver.log), len(receiver.script)) - 1]
-                answer = json.dumps({"n": len(receiver.log)}).encode()
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/charges"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def keys(self) -> set[str]:
-        return {k for _, k, _ in self.log}
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +75,177 @@ def test_retry_after_seconds_and_http_date():
     assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
 
 
-def test_a_sender_needs_a_way_to_send_and_a_lease_longer_than_its_timeout(send_db):
-    with pytest.raises(ValueError):
+def test_a_timeout_must_be_positive_and_below_the_lease():
+    check_timeout(1.0, timedelta(seconds=1.5))
+    for timeout, lease in ((1.5, 1.5), (30, 10)):
+        with pytest.raises(ValueError, match=r"timeout \(.* s\) must be below the lease"):
+            check_timeout(timeout, timedelta(seconds=lease))
+    for timeout in (0, -1, math.nan, math.inf, "1"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            check_timeout(timeout, timedelta(seconds=10))
+
+
+def test_setting_values_are_checked_and_only_those_given():
+    assert setting_values() == {}
+    assert setting_values(0, timedelta(milliseconds=50), timedelta(minutes=2)) == {
+        "idempotency.send_retry_budget": "0.0",
+        "idempotency.send_backoff_base": "0.050000 seconds",
+        "idempotency.send_backoff_cap": "120.000000 seconds"}
+    assert setting_values(retry_budget=0.25) == {"idempotency.send_retry_budget": "0.25"}
+    for budget in (-0.1, math.nan, math.inf, 1_000_001, "0.1"):
+        with pytest.raises(ValueError, match="retry_budget must be a number from 0 to"):
+            setting_values(retry_budget=budget)
+    for bad in (timedelta(0), timedelta(seconds=-1), timedelta(days=3_600_000, microseconds=1)):
+        with pytest.raises(ValueError, match="backoff_cap must be a positive interval"):
+            setting_values(backoff_cap=bad)
+
+
+def test_interval_text_is_exact_to_the_microsecond():
+    assert interval_text(timedelta(days=1, seconds=2, microseconds=5)) == "86402.000005 seconds"
+    assert interval_text(timedelta(milliseconds=1)) == "0.001000 seconds"
+
+
+def test_reconnect_delay_is_full_jitter_below_an_exponential_bound():
+    top = [reconnect_delay(n, 0.1, 5.0, rand=lambda: 1.0) for n in range(1, 10)]
+    assert top == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    assert reconnect_delay(3, 0.1, 5.0, rand=lambda: 0.0) == 0.0
+    assert reconnect_delay(3, 0.1, 5.0, rand=lambda: 0.5) == pytest.approx(0.2)
+    assert reconnect_delay(10_000, 0.1, 5.0, rand=lambda: 1.0) == 5.0  # no overflow
+
+
+def test_error_code_is_the_sqlstate_or_the_class():
+    assert error_code(psycopg.errors.DeadlockDetected("deadlock detected")) == "40P01"
+    assert error_code(psycopg.errors.SerializationFailure("x")) == "40001"
+    assert error_code(psycopg.errors.AdminShutdown("x")) == "57P01"
+    assert error_code(psycopg.OperationalError("connection refused")) == "OperationalError"
+    assert first_line(psycopg.OperationalError("connection failed\n\tIs the server running?")) == "connection failed"
+
+
+def test_the_longest_backoff_the_sender_allows_is_one_the_database_takes(send_db):
+    """The sender's limit is the extension's (10000 years, as PostgreSQL compares intervals):
+    a result recorded with the longest cap and base the sender allows is no error."""
+    r = Receiver([(503, {})])
+    try:
+        op = new_op("longest")
+        prepared(send_db, op, "t-longest")
+        longest = timedelta(days=3_600_000)
+        with sender(send_db, r, "t-longest", backoff_base=longest, backoff_cap=longest) as s:
+            result = s.deliver("shop", op)
+        assert isinstance(result, (NotYet, Unknown)) and result.last_status == 503, result
+    finally:
+        r.close()
+
+
+def test_the_settings_text_is_what_the_database_reads(send_db):
+    values = setting_values(0.5, timedelta(milliseconds=50), timedelta(days=2, microseconds=7))
+    with psycopg.connect(send_db) as c:
+        for name, value in values.items():
+            c.execute("SELECT set_config(%s, %s, true)", (name, value))
+        got = c.execute("SELECT current_setting('idempotency.send_retry_budget')::float8, "
+                        "current_setting('idempotency.send_backoff_base')::interval, "
+                        "current_setting('idempotency.send_backoff_cap')::interval").fetchone()
+    assert got == (0.5, timedelta(milliseconds=50), timedelta(days=2, microseconds=7))
+
+
+def test_a_sender_needs_a_way_to_send_a_timeout_below_its_lease_and_good_settings(send_db):
+    with pytest.raises(ValueError, match="give urls"):
         Sender(send_db)
-    with pytest.raises(ValueError):
-        Sender(send_db, urls={"t": "http://127.0.0.1:9/"}, timeout=30, lease=timedelta(seconds=10))
+    urls = {"t": "http://127.0.0.1:9/"}
+    with pytest.raises(ValueError, match="must be below the lease"):
+        Sender(send_db, urls=urls, timeout=30, lease=timedelta(seconds=10))
+    with pytest.raises(ValueError, match="must be below the lease"):
+        Sender(send_db, urls=urls, timeout=10, lease=timedelta(seconds=10))
+    with pytest.raises(ValueError, match="retry_budget"):
+        Sender(send_db, urls=urls, retry_budget=-1)
+    with pytest.raises(ValueError, match="give_up_after"):
+        Sender(send_db, urls=urls, give_up_after=timedelta(0))
+
+
+# --- an attempt bounded in total by the timeout ------------------------------------------------
+
+class TrickleReceiver:
+    """Answers every request slowly, a byte every `every` seconds (so no socket read waits
+    long enough for a per-read timeout): the body (`part="body"`, the headers sent at once)
+    or the headers themselves (`part="headers"`). Records, per request, the seconds from its
+    arrival to the moment the client closed the connection (None: it never did)."""
+
+    def __init__(self, part: str, every: float = 0.1):
+        self.closed_after: list[float | None] = []
+        self.sock = socket.create_server(("127.0.0.1", free_port()))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/charges"
+        self.part, self.every = part, every
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn: socket.socket):
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            request_head, _, request_body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in request_head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            while len(request_body) < length:  # the whole request: what is left unread is the client's EOF
+                request_body += conn.recv(65536)
+            arrived = time.monotonic()
+            body = json.dumps({"padding": "x" * 200}).encode()
+            head = f"HTTP/1.1 201 Created\r\nContent-Length: {len(body)}\r\nX-Pad: {'y' * 200}\r\n\r\n".encode()
+            slow = head + body if self.part == "headers" else body
+            if self.part == "body":
+                conn.sendall(head)
+            self.closed_after.append(None)
+            conn.settimeout(self.every)
+            for i in range(len(slow)):
+                try:
+                    conn.sendall(slow[i:i + 1])
+                    if conn.recv(1, socket.MSG_PEEK) == b"":
+                        break
+                except socket.timeout:
+                    continue  # nothing from the client: it is still reading
+                except OSError:
+                    break
+            self.closed_after[-1] = time.monotonic() - arrived
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("part", ["body", "headers"])
+def test_an_attempt_ends_by_its_timeout_however_slowly_the_answer_comes(send_db, part):
+    """Timeout 1 s against an answer that would take 40 s at a byte every 100 ms: the attempt
+    is no answer ("timed out") after 1 s (bounded here with a generous margin), the sender
+    closed its connection then, and the send is pending for its retry."""
+    r = TrickleReceiver(part)
+    try:
+        op = new_op(f"trickle-{part}")
+        prepared(send_db, op, "t-trickle")
+        with Sender(send_db, urls={"t-trickle": r.url}, timeout=1, lease=timedelta(seconds=5)) as s:
+            began = time.monotonic()
+            result = s.deliver("shop", op)
+            took = time.monotonic() - began
+        assert isinstance(result, NotYet) and result.state == "pending", result
+        assert result.last_status is None and result.last_error == "timed out"
+        assert took < 2.0, f"the attempt took {took:.2f} s"
+        assert wait_until(lambda: r.closed_after and r.closed_after[0] is not None, 5)
+        assert r.closed_after[0] < 1.5, f"the sender closed its connection {r.closed_after[0]:.2f} s after the request"
+    finally:
+        r.close()
+
+
+def wait_until(what, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if what():
+            return True
+        time.sleep(0.02)
+    return bool(what())
 
 
 # --- prepare, in the caller's transaction ----------------------------------------------------

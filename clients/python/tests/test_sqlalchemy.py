@@ -3,7 +3,7 @@
 against the real extension, directly and through PgBouncer: one row per key under concurrent
 duplicates, the replay byte for byte, a handler exception rolls back the row and the claim,
 Pydantic's 422 leaves the key free, sync ORM code through run_sync, no key (required=False);
-and README.md's SQLAlchemy app, as it is."""
+and README.md's SQLAlchemy example (examples/orders_sqlalchemy.py), as it is."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import free_port, request, with_database
 from test_application import count, post, start_app
-from test_readme import block_after, check_orders_app, fresh_database
+from test_readme import EXAMPLES, check_orders_app, fresh_database
 
 
 @pytest.fixture(scope="module", params=["direct", "pgbouncer"])
@@ -109,13 +109,12 @@ def test_a_committed_first_step_writes_with_the_session(sa_app, db_url):
     assert rows(db_url, tenant) == 1
 
 
-def test_readme_sqlalchemy_app(db_url, log_dir, tmp_path):
-    (tmp_path / "app.py").write_text(block_after("<!-- sqlalchemy app:", "python"))
+def test_readme_sqlalchemy_example(db_url, log_dir):
     url = fresh_database(db_url, "idem_readme_sa")
     port = free_port()
     log = open(log_dir / f"readme-sa-app-{port}.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(tmp_path), "--port", str(port),
-                             "app:app"], cwd=tmp_path, stdout=log, stderr=log,
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(EXAMPLES), "--port", str(port),
+                             "orders_sqlalchemy:app"], stdout=log, stderr=log,
                             env={**os.environ, "DATABASE_URL": url.replace("postgresql://", "postgresql+psycopg://")})
     check_orders_app(proc, log, port, url)
 

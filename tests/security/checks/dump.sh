@@ -25,6 +25,17 @@ SELECT idempotency.idem_seen('dump', 'm-exp', '1 millisecond');
 SELECT count(idempotency.idem_complete('bulk', 'b' || i, (idempotency.idem_claim('bulk', 'b' || i)).token, 200, jsonb_build_object('i', i)))
   FROM generate_series(1, 1000) AS i;
 SQL
+# The periods the sweep makes (tables made after CREATE EXTENSION, not its members) and the
+# rows moved into them must come back attached to the extension's tables.
+sql postgres $DB -c "SELECT count(*) FROM idempotency.partitions_maintain()" >/dev/null
+rows_by_partition() { # rows_by_partition DB: each partition of keys and messages with the rows in it
+    val postgres "$1" "SELECT string_agg(p || ':' || n, ',' ORDER BY p) FROM (
+        SELECT tableoid::regclass::text AS p, count(*) AS n FROM idempotency.keys GROUP BY 1
+        UNION ALL SELECT tableoid::regclass::text, count(*) FROM idempotency.messages GROUP BY 1) AS t"
+}
+PERIODS=$(rows_by_partition $DB)
+check "source: the sweep made periods and moved the 1001 completed records into them" 1001 \
+    "$(val postgres $DB "SELECT count(*) FROM idempotency.keys AS k JOIN idempotency.partitions AS p ON p.partition_name = k.tableoid::regclass::text WHERE p.kind = 'period'")"
 TOK_OPEN=$(val postgres $DB "SELECT token FROM idempotency.keys WHERE key = 'k-open'")
 # The RLS recipe too (after the rows: sec_app has no policy, so with RLS on it sees nothing).
 sql postgres $DB -f "$HERE/sql/rls.sql"
@@ -65,6 +76,7 @@ check "restored: the extension exists once, same version$(by_edition "" " (porta
     "$(by_edition "1/$(val postgres $DB "SELECT max(extversion) FROM pg_extension WHERE extname = 'idempotency'")" "0/")" \
     "$(val postgres $R "SELECT count(*) || '/' || coalesce(max(extversion), '') FROM pg_extension WHERE extname = 'idempotency'")"
 check "restored: every record and message, exactly once, byte for byte (count and digest of all rows)" "$SOURCE" "$(rows_digest $R)"
+check "restored: the same partitions, attached, with the same rows in each" "$PERIODS" "$(rows_by_partition $R)"
 check "restored: no (scope, key) twice" 0 \
     "$(val postgres $R "SELECT count(*) - count(DISTINCT (scope, key)) FROM idempotency.keys")"
 check "restored: the indexes and constraints are the extension's own" \

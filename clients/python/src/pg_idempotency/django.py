@@ -30,8 +30,9 @@ from django.utils.module_loading import import_string
 from . import http
 from .client import Claim, Idempotency
 from .context import ClaimContext
-from .errors import IdempotencyError, NoLiveRecord, NotOwner, unavailable
+from .errors import IdempotencyError, NoLiveRecord, NotOwner, ended_uncommitted, unavailable
 from .fingerprint import fingerprint_body
+from .health import is_dead, last_words
 from .http import COMMITTED_FIRST, Answer, Refused, RoutePolicy
 from .routes import RouteTable
 
@@ -47,6 +48,34 @@ def raw_connection(alias: str) -> psycopg.Connection:
     wrapper = connections[alias]
     wrapper.ensure_connection()
     return wrapper.connection
+
+
+def forget_if_closed(alias: str) -> None:
+    """Inside an atomic block: a connection the server closed is closed on Django's side too,
+    so that leaving the block neither rolls back on it nor opens a new one to restore
+    autocommit (which, with the database down, would raise over the answer)."""
+    wrapper = connections[alias]
+    if wrapper.connection is not None and wrapper.connection.closed:
+        wrapper.close()
+
+
+# How many connections found dead are replaced in a row (each one a pool could hold).
+_REPLACEMENTS = 16
+
+
+def live_connection(alias: str) -> psycopg.Connection:
+    """raw_connection(alias), replaced first if the server closed it while it sat idle (a
+    persistent connection, CONN_MAX_AGE, or one of Django's pool, across a database restart):
+    nothing is sent to find out (pg_idempotency.health). Within an atomic block the connection
+    is the application's transaction's, and left as it is."""
+    wrapper = connections[alias]
+    for _ in range(_REPLACEMENTS):
+        conn = raw_connection(alias)
+        if wrapper.in_atomic_block or not is_dead(conn):
+            return conn
+        log.info("Django's connection %r was closed by the server (a restart?): opening another", alias)
+        wrapper.close()
+    return raw_connection(alias)
 
 
 class IdempotencyContext(ClaimContext):
@@ -116,6 +145,10 @@ class _RolledBack(Exception):
         self.response = response
 
 
+def unavailable_response() -> HttpResponse:
+    return to_response(http.contract_problem("service-unavailable"))
+
+
 class IdempotencyMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -139,9 +172,12 @@ class IdempotencyMiddleware:
             # WSGI joins repeated header lines with "," (which no valid key holds).
             key = http.parse_key([] if raw is None else [raw.encode("latin-1")]) \
                 if raw is not None or policy.required else None
+            idem_scope = self.scope_function(tenant, request.method, template)
         except Refused as r:
             return to_response(r.answer)
-        idem_scope = self.scope_function(tenant, request.method, template)
+        except Exception:
+            log.exception("%s %s: the tenant or scope function failed", request.method, template)
+            return to_response(http.contract_problem("internal-error"))
         if key is None:
             return self.without_key(request, idem_scope, policy)
         fingerprint = fingerprint_body(request.body, policy.ignore_fields)
@@ -150,7 +186,8 @@ class IdempotencyMiddleware:
                 return self.committed_first(request, idem_scope, key, fingerprint, policy)
             return self.same_transaction(request, idem_scope, key, fingerprint, policy)
         except Exception as e:
-            log.error("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
+            report = log.warning if unavailable(e) else log.error
+            report("%s / %s failed (%s): %s", idem_scope, key, getattr(e, "sqlstate", None), e)
             return to_response(http.failure_answer(e, getattr(request, "idempotency", None) is not None))
 
     def without_key(self, request: HttpRequest, idem_scope: str, policy: RoutePolicy) -> HttpResponse:
@@ -162,6 +199,7 @@ class IdempotencyMiddleware:
             return self.get_response(request)
         response = None
         try:
+            live_connection(self.alias)
             with transaction.atomic(using=self.alias):
                 response = self.get_response(request)
                 if not policy.stores(response.status_code):
@@ -179,11 +217,17 @@ class IdempotencyMiddleware:
         problem+json with Retry-After, not Django's HTML error page."""
         if isinstance(exception, Refused):  # the view's own problem answer
             return to_response(exception.answer)
-        if getattr(request, "idempotency", None) is None:
+        ctx = getattr(request, "idempotency", None)
+        if ctx is None:
             return to_response(http.failure_answer(exception, False)) if unavailable(exception) else None
         if isinstance(exception, NotOwner):
-            log.warning("%s was taken over while its view ran: its step was refused", request.idempotency.key)
+            log.warning("%s was taken over while its view ran: its step was refused", ctx.key)
             return to_response(http.fenced_answer())
+        if unavailable(exception) and ctx.point is None:
+            # Same transaction: the claim's transaction did not commit; committed first: no step
+            # was done. Nothing was done, so the same request can be repeated.
+            log.warning("%s: the database went away while the view ran (%s); nothing was done", ctx.key, exception)
+            return unavailable_response()
         log.error("view failed: %r", exception, exc_info=exception)
         return to_response(http.contract_problem("internal-error"))
 
@@ -198,7 +242,8 @@ class IdempotencyMiddleware:
         """As asgi's: repeated once, with the same token, on a broken connection."""
         token = uuid.uuid4()
         try:
-            return self.claim(raw_connection(self.alias), idem_scope, key, fingerprint, policy, token)
+            return self.claim(live_connection(self.alias), idem_scope, key, fingerprint,
+                              policy, token)
         except psycopg.OperationalError as e:
             if not (self.client.known_features and self.client.known_features.claim_token):
                 raise
@@ -209,16 +254,29 @@ class IdempotencyMiddleware:
 
     def same_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                          policy: RoutePolicy) -> HttpResponse:
+        """The claim, the view and idem_complete in one transaction. A claim whose connection was
+        lost before the view ran is sent once more on a new connection: its transaction did not
+        commit (not inside the application's own transaction, which is lost with it)."""
         outermost = not connections[self.alias].in_atomic_block
-        try:
-            with transaction.atomic(using=self.alias):
-                try:
-                    return self.in_transaction(request, idem_scope, key, fingerprint, policy, outermost)
-                except Exception:
-                    transaction.set_rollback(True, using=self.alias)
+        for last in (False, True):
+            try:
+                live_connection(self.alias)
+                with transaction.atomic(using=self.alias):
+                    try:
+                        return self.in_transaction(request, idem_scope, key, fingerprint, policy, outermost)
+                    except Exception:
+                        transaction.set_rollback(True, using=self.alias)
+                        forget_if_closed(self.alias)
+                        raise
+            except _RolledBack as r:
+                return r.response
+            except Exception as e:
+                if last or not outermost or getattr(request, "idempotency", None) is not None or not unavailable(e):
                     raise
-        except _RolledBack as r:
-            return r.response
+                log.warning("the claim of %s / %s lost its connection (%s); sending it again on another",
+                            idem_scope, key, e)
+                connections[self.alias].close()
+        raise AssertionError("unreachable")
 
     def in_transaction(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
                        policy: RoutePolicy, outermost: bool) -> HttpResponse:
@@ -227,18 +285,39 @@ class IdempotencyMiddleware:
         if not claim.owned:
             return to_response(http.answer_without_work(claim))
         request.idempotency = IdempotencyContext(self.client, self.alias, idem_scope, key, claim, policy)  # type: ignore[attr-defined]
-        response = self.get_response(request)
-        if not policy.stores(response.status_code) or response.streaming:
-            raise _RolledBack(response)
+        with last_words(conn) as ended:
+            response = self.get_response(request)
+            if not policy.stores(response.status_code) or response.streaming:
+                raise _RolledBack(response)
+            return self.complete(conn, ended, idem_scope, key, claim, policy, response, outermost)
+
+    def complete(self, conn: psycopg.Connection, ended: list, idem_scope: str, key: str, claim: Claim,
+                 policy: RoutePolicy, response: HttpResponse, outermost: bool) -> HttpResponse:
+        """idem_complete (with COMMIT when the middleware's transaction is the outermost). A session
+        the server ended before it (`ended`: its last words heard between statements) or while it
+        ran (57P01) did not commit: 503."""
+        if ended or is_dead(conn):
+            log.warning("%s / %s: the server closed the connection while the view ran; nothing was committed",
+                        idem_scope, key)
+            connections[self.alias].close()  # in the atomic block: leaving it then sends nothing
+            raise _RolledBack(unavailable_response())
         text, stored = http.storable(policy, response.items(), response.content)
-        if outermost and not connections[self.alias].needs_rollback:
-            # idem_complete and COMMIT in one round trip; the atomic block's own commit then
-            # finds no transaction and sends nothing (its on_commit callbacks still run).
-            sent = self.client.complete_and_commit(conn, idem_scope, key, claim.token,  # type: ignore[arg-type]
-                                                   response.status_code, stored, text)
-        else:  # inside the application's transaction (ATOMIC_REQUESTS): that one commits
-            sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
-                                        headers=stored, body_json=text)
+        try:
+            if outermost and not connections[self.alias].needs_rollback:
+                # idem_complete and COMMIT in one round trip; the atomic block's own commit then
+                # finds no transaction and sends nothing (its on_commit callbacks still run).
+                sent = self.client.complete_and_commit(conn, idem_scope, key, claim.token,  # type: ignore[arg-type]
+                                                       response.status_code, stored, text)
+            else:  # inside the application's transaction (ATOMIC_REQUESTS): that one commits
+                sent = self.client.complete(conn, idem_scope, key, claim.token, response.status_code,  # type: ignore[arg-type]
+                                            headers=stored, body_json=text)
+        except Exception as e:
+            if not (ended or ended_uncommitted(e)):
+                raise
+            log.warning("%s / %s: the server ended the session before the COMMIT (%s); nothing was committed",
+                        idem_scope, key, e)
+            connections[self.alias].close()
+            raise _RolledBack(unavailable_response()) from e
         return with_stored_body(response, stored, sent)
 
     def committed_first(self, request: HttpRequest, idem_scope: str, key: str, fingerprint: str,
@@ -263,7 +342,7 @@ class IdempotencyMiddleware:
             keeper.stop()
         if not policy.stores(response.status_code) or response.streaming:
             if ctx.point is None:
-                self.client.release(conn, idem_scope, key, claim.token)  # type: ignore[arg-type]
+                self.release(idem_scope, key, claim)
             return response
         text, stored = http.storable(policy, response.items(), response.content)
         try:
@@ -274,6 +353,17 @@ class IdempotencyMiddleware:
                         e.sqlstate)
             return to_response(http.fenced_answer())
         return with_stored_body(response, stored, sent)
+
+    def release(self, idem_scope: str, key: str, claim: Claim) -> None:
+        """Gives the key back; with the database away it stays claimed until its lease ends."""
+        try:
+            self.client.release(raw_connection(self.alias), idem_scope, key, claim.token)  # type: ignore[arg-type]
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            log.warning("%s / %s could not be released (%s): it is free again when its lease ends",
+                        idem_scope, key, e)
+            connections[self.alias].close()
 
 
 def with_stored_body(response: HttpResponse, stored: dict[str, str], sent: str | None) -> HttpResponse:

@@ -116,6 +116,15 @@ def unavailable(error: BaseException | None) -> bool:
     return False
 
 
+def ended_uncommitted(error: BaseException) -> bool:
+    """Whether the server ended the session while a statement ran, and the statement's
+    transaction therefore did not commit: 57P01 (a fast or smart shutdown, pg_terminate_backend).
+    The server acts on it only where the transaction can still roll back: never inside a commit,
+    and a COMMIT's own answer goes out before the next such check. (A crash, 57P02, or a
+    connection that just ended, can come after the commit: its outcome is unknown.)"""
+    return getattr(error, "sqlstate", None) == "57P01"
+
+
 def translate(error: psycopg.Error) -> Exception:
     """The typed exception for a psycopg error, or the error itself when its SQLSTATE is
     not one of the extension's documented codes."""

@@ -28,7 +28,8 @@ Mode = Literal["same_transaction", "committed_first"]
 # Answers that mean "the request was refused before any work": not stored, the key is
 # released (committed first) or the transaction rolled back (same transaction), so the
 # corrected request runs with the same key. 422 is among them: it is what FastAPI/Pydantic
-# (and many APIs) answer to a body that fails validation, before the handler runs.
+# (and many APIs) answer to a body that fails validation, before the handler runs. The list is
+# contract/contract.json's "refused_statuses" (tests/test_contract.py checks it).
 REFUSED_STATUSES = frozenset({400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429})
 
 

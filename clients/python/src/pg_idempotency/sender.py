@@ -9,15 +9,23 @@ Idempotency-Key that is made once per business operation and kept in your databa
 
 `prepare` runs in the caller's transaction (it never commits). `Sender` keeps its own
 connections (autocommit): one for the extension's calls, one that LISTENs. HTTP goes
-through httpx (the `sender` extra), or through a function of yours (`send=`).
+through httpcore (the `sender` extra), each attempt bounded in total by the sender's
+`timeout` (pg_idempotency.bounded_http), or through a function of yours (`send=`).
+
+The worker (`Sender.run`) outlives its database: on any database error it logs it (logger
+`pg_idempotency.sender`), reconnects with exponential backoff and full jitter, and goes on.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
+import logging
+import math
+import random
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Union
@@ -27,6 +35,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 CHANNEL = "idempotency_send"
+
+log = logging.getLogger("pg_idempotency.sender")
 
 
 # --- what the application gets ------------------------------------------------------------
@@ -148,6 +158,64 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> timedel
     return min(max(when - (now or datetime.now(timezone.utc)), timedelta(0)), MAX_RETRY_AFTER)
 
 
+def check_timeout(timeout: float, lease: timedelta) -> None:
+    """A sender's timeout bounds each attempt and must end before the lease does: an attempt
+    that outlives its lease runs beside the attempt of the sender that took the send over."""
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r})")
+    if timeout >= lease.total_seconds():
+        raise ValueError(f"timeout ({timeout:g} s) must be below the lease ({lease.total_seconds():g} s): an attempt "
+                         "that outlives its lease runs beside the attempt of the sender that takes the send over")
+
+
+# The extension's limits of its settings (docs/reference.md): a budget of at most 1,000,000,
+# intervals of at most 10000 years, which PostgreSQL compares as 120000 months of 30 days.
+MAX_RETRY_BUDGET = 1_000_000.0
+MAX_INTERVAL = timedelta(days=10_000 * 12 * 30)
+
+
+def check_interval(name: str, value: timedelta) -> timedelta:
+    if not (timedelta(0) < value <= MAX_INTERVAL):
+        raise ValueError(f"{name} must be a positive interval of at most 10000 years (got {value!r})")
+    return value
+
+
+def interval_text(value: timedelta) -> str:
+    """An interval setting's value, exact to the microsecond."""
+    return f"{value.days * 86400 + value.seconds}.{value.microseconds:06d} seconds"
+
+
+def setting_values(retry_budget: float | None = None, backoff_base: timedelta | None = None,
+                   backoff_cap: timedelta | None = None) -> dict[str, str]:
+    """The extension's settings a sender sets in each of its transactions (checked here: a
+    value the database refuses would fail every call); those not given stay the database's."""
+    values: dict[str, str] = {}
+    if retry_budget is not None:
+        if not (isinstance(retry_budget, (int, float)) and 0 <= retry_budget <= MAX_RETRY_BUDGET):
+            raise ValueError(f"retry_budget must be a number from 0 to {MAX_RETRY_BUDGET:g} (got {retry_budget!r})")
+        values["idempotency.send_retry_budget"] = repr(float(retry_budget))
+    for name, value in (("backoff_base", backoff_base), ("backoff_cap", backoff_cap)):
+        if value is not None:
+            values[f"idempotency.send_{name}"] = interval_text(check_interval(name, value))
+    return values
+
+
+def reconnect_delay(failures: int, base: float, cap: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after the `failures`-th database error in a row: exponential backoff
+    with full jitter, anywhere from 0 to min(cap, base * 2^(failures - 1))."""
+    return rand() * min(cap, base * 2 ** min(failures - 1, 60))
+
+
+def error_code(error: BaseException) -> str:
+    """A database error's SQLSTATE, or its class when it has none (a connection refused)."""
+    return getattr(error, "sqlstate", None) or type(error).__name__
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 # --- the caller's transaction --------------------------------------------------------------
 
 _SEND = ("SELECT key, state, attempts, next_attempt_at, response_status, response_body, response_headers "
@@ -184,6 +252,18 @@ _NEXT = ("SELECT scope, operation, target, key, request, attempt, token, locked_
 _RESULT = ("SELECT state, attempts, next_attempt_at FROM idempotency.idem_send_result(%s, %s, %s, %s, %s, %s, %s, %s)")
 _ROW = ("SELECT state, attempts, next_attempt_at, last_status, last_error, response_status, response_body, "
         "response_headers, key FROM idempotency.outbound WHERE scope = %s AND operation = %s")
+_IDLE = ("SELECT NOT EXISTS (SELECT FROM idempotency.outbound WHERE state IN ('pending', 'sending') "
+         "AND (%s::text IS NULL OR target = %s))")
+
+
+@dataclass(frozen=True)
+class _Unrecorded:
+    """An attempt's answer that the database went away before recording; `lease_end` is a
+    time.monotonic() instant at or before the end of the attempt's lease."""
+
+    attempt: Attempt
+    answer: Answer
+    lease_end: float
 
 
 class Sender:
@@ -191,51 +271,90 @@ class Sender:
 
     `urls` maps a target to the URL its requests are POSTed to (the request as JSON, with the
     target's extra `headers`, e.g. its credentials), or `send` is your own function (an
-    Attempt in, an Answer out; raise nothing, return Answer(None, error=...) for no answer).
-    `timeout` bounds one HTTP attempt and must stay below `lease`, the time a sender holds a
-    send before another may take it over. `on_attempt` is called after each attempt,
-    `on_finished` when an attempt's result finished the send (done, or gave_up at that
-    result). A send whose give_up_at passes while it waits for its retry is marked gave_up by
-    idem_send_next without an attempt: `status` (or the outbound row) tells.
+    Attempt in, an Answer out; raise nothing, return Answer(None, error=...) for no answer;
+    keep it within `timeout`). `timeout` (seconds) bounds one HTTP attempt in total (connect,
+    send, the whole answer) and must be below `lease`, the time a sender holds a send before
+    another may take it over (ValueError otherwise). `on_attempt` is called after each
+    attempt, `on_finished` when an attempt's result finished the send (done, or gave_up at
+    that result). A send whose give_up_at passes while it waits for its retry is marked
+    gave_up by idem_send_next without an attempt: `status` (or the outbound row) tells.
+
+    This sender's own values of the extension's settings, the database's when None:
+    `retry_budget` (idempotency.send_retry_budget), `backoff_base` and `backoff_cap`
+    (idempotency.send_backoff_base / _cap), set with set_config(..., true) in each
+    transaction that calls idem_send_next or idem_send_result (so they hold through
+    PgBouncer in transaction mode); `give_up_after` (idempotency.send_give_up_after), given
+    to idem_send by `Sender.prepare`. `reconnect_base` and `reconnect_cap` (seconds) bound
+    the worker's waits between reconnections.
     """
 
     def __init__(self, conninfo: str, *, urls: Mapping[str, str] | None = None,
                  send: SendFunction | None = None, headers: Mapping[str, Mapping[str, str]] | None = None,
                  timeout: float = 10.0, lease: timedelta = timedelta(seconds=30), concurrency: int = 4,
-                 poll_interval: float = 1.0,
+                 poll_interval: float = 1.0, retry_budget: float | None = None,
+                 backoff_base: timedelta | None = None, backoff_cap: timedelta | None = None,
+                 give_up_after: timedelta | None = None, reconnect_base: float = 0.1, reconnect_cap: float = 5.0,
                  on_attempt: Callable[[Attempt, Answer], None] | None = None,
                  on_finished: Callable[[Attempt, Result], None] | None = None):
         if send is None and not urls:
             raise ValueError("give urls (a URL per target) or send (a function)")
-        if timeout >= lease.total_seconds():
-            raise ValueError("timeout must be shorter than the lease")
+        check_timeout(timeout, lease)
+        self._settings = setting_values(retry_budget, backoff_base, backoff_cap)
+        self._give_up_after = None if give_up_after is None else check_interval("give_up_after", give_up_after)
         self._conninfo = conninfo
         self._urls = dict(urls or {})
         self._headers = {t: dict(h) for t, h in (headers or {}).items()}
-        self._send = send or self._http_send
         self._timeout = timeout
         self._lease = lease
         self._concurrency = max(1, concurrency)
         self._poll_interval = poll_interval
+        self._reconnect = (reconnect_base, reconnect_cap)
         self._on_attempt = on_attempt
         self._on_finished = on_finished
         self._conn: psycopg.Connection | None = None
-        self._http = None
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the connection: one statement or transaction at a time
+        self._unrecorded: list[_Unrecorded] = []
+        self._unrecorded_lock = threading.Lock()
+        self._http = None
+        if send is None:
+            try:
+                from .bounded_http import BoundedClient
+            except ImportError as e:  # pragma: no cover - the extra is installed in the tests
+                raise ImportError("Sender(urls=...) needs the `sender` extra (httpcore): "
+                                  "pip install 'pg-idempotency[sender]'") from e
+            self._http = BoundedClient(max_connections=max(10, self._concurrency))
+        self._send = send or self._http_send
 
     # connections ---------------------------------------------------------------------
 
     def _db(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            # No server-side prepared statements: they do not survive PgBouncer's transaction mode.
+            self._conn = psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=None)
         return self._conn
+
+    def _call(self, sql: str, args: tuple) -> list[tuple]:
+        """One call of the extension: with this sender's settings, in a transaction of its own."""
+        with self._lock:
+            conn = self._db()
+            if not self._settings:
+                return conn.execute(sql, args).fetchall()
+            with conn.transaction():
+                conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(self._settings)),
+                             [x for pair in self._settings.items() for x in pair])
+                return conn.execute(sql, args).fetchall()
+
+    def _drop_connection(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
-        if self._conn is not None:
-            self._conn.close()
+        self._drop_connection()
         if self._http is not None:
             self._http.close()
 
@@ -245,50 +364,57 @@ class Sender:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # the caller's transaction --------------------------------------------------------
+
+    def prepare(self, conn: psycopg.Connection, scope: str, operation: str, target: str, request: Any = None,
+                *, key: str | None = None, give_up_after: timedelta | None = None) -> Prepared:
+        """`prepare`, with this sender's give_up_after when none is given."""
+        return prepare(conn, scope, operation, target, request, key=key,
+                       give_up_after=give_up_after if give_up_after is not None else self._give_up_after)
+
     # one attempt ---------------------------------------------------------------------
 
     def _http_send(self, attempt: Attempt) -> Answer:
-        import httpx  # the `sender` extra
+        from .bounded_http import NoAnswer
 
         url = self._urls.get(attempt.target)
         if url is None:
             return Answer(None, error=f"no URL for target {attempt.target!r}")
-        if self._http is None:
-            self._http = httpx.Client(timeout=self._timeout)
         body = b"null" if attempt.request is None else json.dumps(attempt.request).encode()
+        headers = {**self._headers.get(attempt.target, {}), "Idempotency-Key": key_header(attempt.key),
+                   "Content-Type": "application/json"}
         try:
-            r = self._http.post(url, content=body, headers={**self._headers.get(attempt.target, {}),
-                                                           "Idempotency-Key": key_header(attempt.key),
-                                                           "Content-Type": "application/json"})
-        except httpx.TimeoutException:
-            return Answer(None, error="timed out")
-        except httpx.ConnectError as e:
-            return Answer(None, error=f"connection failed: {e}")
-        except httpx.TransportError as e:
-            return Answer(None, error=f"no answer: {e}")
-        return Answer(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.text)
+            reply = self._http.post(url, body, headers, self._timeout)
+        except NoAnswer as e:
+            return Answer(None, error=str(e))
+        return Answer(reply.status, reply.headers, reply.body)
 
-    def attempt(self, attempt: Attempt) -> Result:
-        """One HTTP attempt of a send this sender holds, and its result recorded."""
+    def _answer(self, attempt: Attempt) -> Answer:
         try:
             answer = self._send(attempt)
         except Exception as e:  # the application's own send function failed: no answer
             answer = Answer(None, error=f"{type(e).__name__}: {e}")
         if self._on_attempt:
             self._on_attempt(attempt, answer)
-        return self._record(attempt, answer)
+        return answer
+
+    def attempt(self, attempt: Attempt) -> Result:
+        """One HTTP attempt of a send this sender holds, and its result recorded."""
+        return self._record(attempt, self._answer(attempt))
 
     def _record(self, attempt: Attempt, answer: Answer) -> Result:
         headers = Jsonb(answer.headers) if answer.status is not None else None
-        with self._lock:
-            try:
-                state, attempts, next_at = self._db().execute(_RESULT, (
-                    attempt.scope, attempt.operation, attempt.token, answer.status, answer.body, headers,
-                    answer.retry_after(), answer.error)).fetchone()
-            except psycopg.Error as e:
-                if e.sqlstate == "IK002":
-                    return Lost(attempt.scope, attempt.operation)
+        try:
+            [(state, attempts, next_at)] = self._call(_RESULT, (
+                attempt.scope, attempt.operation, attempt.token, answer.status, answer.body, headers,
+                answer.retry_after(), answer.error))
+        except psycopg.Error as e:
+            if e.sqlstate == "IK002":
+                return Lost(attempt.scope, attempt.operation)
+            if e.sqlstate != "IK003":
                 raise
+            # Recorded already: the COMMIT's reply was lost with the connection.
+            return self.status(attempt.scope, attempt.operation)
         if state == "done":
             result: Result = Delivered(answer.status, answer.headers, answer.body)
         elif state == "gave_up":
@@ -300,18 +426,21 @@ class Sender:
         return result
 
     def _take(self, target: str | None, max_rows: int, scope: str | None = None,
-              operation: str | None = None) -> list[Attempt]:
-        with self._lock:
-            rows = self._db().execute(_NEXT, (target, max_rows, self._lease, scope, operation)).fetchall()
-        return [Attempt(*row) for row in rows]
+              operation: str | None = None) -> tuple[list[Attempt], float]:
+        """Due sends, and a time.monotonic() instant at or before the end of their lease (it
+        began at the transaction's now(), after this instant)."""
+        before = time.monotonic()
+        rows = self._call(_NEXT, (target, max_rows, self._lease, scope, operation))
+        return [Attempt(*row) for row in rows], before + self._lease.total_seconds()
 
     # the inline path -------------------------------------------------------------------
 
     def deliver(self, scope: str, operation: str) -> Result:
         """Right after the COMMIT that prepared it: one attempt of this send, if it is due and
         no other sender holds it; otherwise (or after a retryable answer) what it is now.
-        The retries are the worker's."""
-        taken = self._take(None, 1, scope, operation)
+        The retries are the worker's. A database error is raised (the worker takes the send
+        again when its lease ends)."""
+        taken, _ = self._take(None, 1, scope, operation)
         if taken:
             return self.attempt(taken[0])
         return self.status(scope, operation)
@@ -331,41 +460,108 @@ class Sender:
 
     # the worker ------------------------------------------------------------------------
 
+    def _attempt_kept(self, attempt: Attempt, lease_end: float) -> Result:
+        """`attempt`, keeping the answer when the database fails to record it."""
+        answer = self._answer(attempt)
+        try:
+            return self._record(attempt, answer)
+        except psycopg.Error:
+            with self._unrecorded_lock:
+                self._unrecorded.append(_Unrecorded(attempt, answer, lease_end))
+            raise
+
     def run_once(self, target: str | None = None) -> int:
         """One round: takes up to `concurrency` due sends, attempts them at once, records
-        each answer. Returns how many it attempted."""
-        taken = self._take(target, self._concurrency)
+        each answer. Returns how many it attempted. A database error is raised once every
+        attempt of the round has ended; the answers it kept from being recorded are recorded
+        by the worker when it has reconnected (while their lease holds)."""
+        taken, lease_end = self._take(target, self._concurrency)
         if len(taken) == 1:
-            self.attempt(taken[0])
+            self._attempt_kept(taken[0], lease_end)
         elif taken:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="idempotency-sender")
-            list(self._pool.map(self.attempt, taken))
+            futures = [self._pool.submit(self._attempt_kept, a, lease_end) for a in taken]
+            wait(futures)
+            for f in futures:
+                f.result()
         return len(taken)
+
+    def _record_unrecorded(self) -> None:
+        with self._unrecorded_lock:
+            kept, self._unrecorded = self._unrecorded, []
+        for i, u in enumerate(kept):
+            a = u.attempt
+            if time.monotonic() >= u.lease_end:
+                log.info("the answer to %s / %s (attempt %d) was not recorded before its lease ended: "
+                         "the send is left to be taken again", a.scope, a.operation, a.attempt)
+                continue
+            try:
+                self._record(a, u.answer)
+            except psycopg.Error:
+                with self._unrecorded_lock:
+                    self._unrecorded[:0] = kept[i:]
+                raise
+            log.info("recorded the answer to %s / %s (attempt %d) after reconnecting", a.scope, a.operation, a.attempt)
 
     def idle(self, target: str | None = None) -> bool:
         """No send of `target` (of any target: None) is pending or sending."""
         with self._lock:
-            return self._db().execute(
-                "SELECT NOT EXISTS (SELECT FROM idempotency.outbound WHERE state IN ('pending', 'sending') "
-                "AND (%s::text IS NULL OR target = %s))", (target, target)).fetchone()[0]
+            return self._db().execute(_IDLE, (target, target)).fetchone()[0]
+
+    def _listen(self) -> psycopg.Connection:
+        listener = psycopg.connect(self._conninfo, autocommit=True)
+        try:
+            listener.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            listener.close()
+            raise
+        return listener
 
     def run(self, target: str | None = None, *, stop: threading.Event | None = None,
             until_idle: bool = False) -> None:
         """The worker: rounds of `run_once` while there is due work; between them it waits
         for a NOTIFY on idempotency_send (a send committed) or `poll_interval` (retries that
         become due), whichever first. Stops when `stop` is set (after the attempts in flight
-        are recorded) or, with `until_idle`, when nothing of the target is left to send."""
+        are recorded) or, with `until_idle`, when nothing of the target is left to send.
+
+        A database error (the backend terminated, the server restarting or down, a failover,
+        a deadlock, a serialization failure) does not end it: it is logged (WARNING, with the
+        psycopg error as the record's `db_error`), the connections are dropped, and after a
+        wait of exponential backoff with full jitter (`reconnect_base`, `reconnect_cap`) the
+        worker reconnects (INFO, the record's `db_reconnected` True), records the answers the
+        error kept from being recorded while their lease holds, and goes on."""
         stop = stop or threading.Event()
-        listener = psycopg.connect(self._conninfo, autocommit=True)
+        listener: psycopg.Connection | None = None
+        failures = 0
         try:
-            listener.execute(f"LISTEN {CHANNEL}")
             while not stop.is_set():
-                if self.run_once(target):
-                    continue
-                if until_idle and self.idle(target):
-                    return
-                for _ in listener.notifies(timeout=self._poll_interval, stop_after=1):
-                    pass
+                try:
+                    if listener is None:
+                        listener = self._listen()
+                        with self._lock:
+                            self._db()
+                        if failures:
+                            log.info("reconnected to the database", extra={"db_reconnected": True})
+                        self._record_unrecorded()
+                    worked = self.run_once(target)
+                    failures = 0
+                    if worked:
+                        continue
+                    if until_idle and self.idle(target):
+                        return
+                    for _ in listener.notifies(timeout=self._poll_interval, stop_after=1):
+                        pass
+                except psycopg.Error as e:
+                    failures += 1
+                    delay = reconnect_delay(failures, *self._reconnect)
+                    log.warning("database error (%s): %s; reconnecting in %.2f s", error_code(e), first_line(e),
+                                delay, extra={"db_error": e})
+                    if listener is not None:
+                        listener.close()
+                        listener = None
+                    self._drop_connection()
+                    stop.wait(delay)
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()

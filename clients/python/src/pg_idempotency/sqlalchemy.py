@@ -22,13 +22,19 @@ session through `await session.run_sync(fn)` (fn gets a sync Session).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 import psycopg
 from psycopg_pool import PoolTimeout
 from sqlalchemy import exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+log = logging.getLogger("pg_idempotency")
+T = TypeVar("T")
 
 
 class EnginePool:
@@ -50,8 +56,13 @@ class EnginePool:
         self._held: dict[int, tuple[AsyncConnection, list[AsyncSession]]] = {}
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        sa_conn = await _connect(self.engine)
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A checkout of the engine's pool, within `timeout` seconds (the middleware's bound;
+        None: the engine's own pool_timeout). Given back as it was lent, or, when the server
+        closed it meanwhile, invalidated (the engine's pool reconnects it at its next
+        checkout); nothing raised on the way back (the middleware has answered by then)."""
+        sa_conn = await _connect(self.engine, timeout)
+        raw: psycopg.AsyncConnection | None = None
         try:
             await sa_conn.execution_options(isolation_level="AUTOCOMMIT")
             await sa_conn.begin()  # SQLAlchemy's side only: the sessions join it; no SQL is sent
@@ -63,11 +74,13 @@ class EnginePool:
             finally:
                 del self._held[id(raw)]
                 for session in held:
-                    await session.close()  # rollback_only: leaves the connection's transaction alone
+                    await _quietly(session.close())  # rollback_only: leaves the connection's transaction alone
         finally:
+            if raw is None or raw.closed:
+                await _quietly(sa_conn.invalidate())
             # The middleware's transaction is over by now: SQLAlchemy's rollback is a no-op on
             # an idle autocommit connection, and the pool gets it back as it was lent.
-            await sa_conn.close()
+            await _quietly(sa_conn.close())
 
     def session(self, conn: psycopg.AsyncConnection) -> AsyncSession:
         """The AsyncSession of `conn` (one per connection and request: the same object on
@@ -88,14 +101,30 @@ class EnginePool:
         await self.engine.dispose()
 
 
-async def _connect(engine: AsyncEngine) -> AsyncConnection:
-    """engine.connect(), with the errors the middleware answers 503 for as psycopg's own
-    (SQLAlchemy wraps them)."""
+async def _connect(engine: AsyncEngine, timeout: float | None) -> AsyncConnection:
+    """engine.connect() within `timeout` seconds, with the errors the middleware answers 503 for
+    as psycopg's own (SQLAlchemy wraps them)."""
     try:
-        return await engine.connect()
-    except exc.TimeoutError as e:
-        raise PoolTimeout(str(e)) from e
+        return await _within(timeout, engine.connect())
+    except (exc.TimeoutError, asyncio.TimeoutError) as e:
+        raise PoolTimeout(str(e) or f"no connection from the engine within {timeout:g} s") from e
     except exc.DBAPIError as e:
         if isinstance(e.orig, psycopg.Error):
             raise e.orig from e
         raise
+
+
+if sys.version_info >= (3, 11):
+    async def _within(seconds: float | None, awaitable: Awaitable[T]) -> T:
+        async with asyncio.timeout(seconds):  # no task of its own, unlike wait_for before 3.12
+            return await awaitable
+else:  # pragma: no cover - Python 3.10
+    _within = asyncio.wait_for
+
+
+async def _quietly(awaitable: Awaitable[Any]) -> None:
+    """Giving a connection back: a failure is logged (the pool discards what it cannot reset)."""
+    try:
+        await awaitable
+    except Exception as e:
+        log.warning("giving a connection back to the engine's pool: %s", e)

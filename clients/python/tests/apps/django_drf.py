@@ -4,17 +4,21 @@ tests/test_application.py: DATABASE_URL=... gunicorn --chdir tests/apps django_d
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
 
 from pg_idempotency import Refused, RoutePolicy
 
 url = urlsplit(os.environ["DATABASE_URL"])
+query = parse_qs(url.query)  # ?host=/socket/dir&port=N, as libpq reads them
 settings.configure(
     DEBUG=False, ALLOWED_HOSTS=["*"], SECRET_KEY="test-only", ROOT_URLCONF=__name__, USE_TZ=True,
+    # Persistent connections without Django's health checks (CONN_HEALTH_CHECKS): after a database
+    # restart the middleware finds the closed ones itself (tests/test_outage.py).
     DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": url.path.lstrip("/"),
-                           "USER": url.username, "HOST": url.hostname, "PORT": str(url.port)}},
+                           "USER": url.username, "HOST": query.get("host", [url.hostname])[0],
+                           "PORT": query.get("port", [str(url.port)])[0], "CONN_MAX_AGE": 60}},
     INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"],
     MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware"],
     REST_FRAMEWORK={"DEFAULT_AUTHENTICATION_CLASSES": [], "DEFAULT_PERMISSION_CLASSES": [],

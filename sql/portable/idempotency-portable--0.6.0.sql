@@ -699,6 +699,53 @@ BEGIN
 END
 $$;
 
+-- Row-level security and the key lock (docs/security.md; the native edition's src/policy.rs).
+-- A claim of a key in a scope whose INSERT policy refuses the current role must fail with
+-- 42501 at once, as the INSERT does, even while another tenant's transaction holds that key:
+-- waiting for the key's lock first would make it wait (and tell it that the key is held).
+-- So where row-level security applies to the current role (row_security_active), a claim
+-- that finds the lock taken first tries the write: the row is inserted in a subtransaction
+-- that is always rolled back; 42501 passes through, anything else the trial meets (a unique
+-- violation, a wait) is left to the real write. The same for idem_seen / idem_seen_many.
+CREATE FUNCTION idempotency.portable_trial_claim(scope text, key text, fingerprint text, token uuid,
+                                                 locked_until timestamptz, now_ timestamptz,
+                                                 expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.keys
+           (scope, key, fingerprint, status, token, attempts, locked_until, created_at, updated_at, expires_at)
+    VALUES (portable_trial_claim.scope, portable_trial_claim.key, portable_trial_claim.fingerprint,
+            'in_progress', portable_trial_claim.token, 1, portable_trial_claim.locked_until, now_, now_,
+            portable_trial_claim.expires_at);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
+$$;
+
+CREATE FUNCTION idempotency.portable_trial_messages(scope text, message_ids text[], now_ timestamptz,
+                                                    expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
+    SELECT portable_trial_messages.scope, u.id, now_, portable_trial_messages.expires_at
+      FROM unnest(message_ids) AS u(id);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
+$$;
+
 -- ---------------------------------------------------------------------------------------
 -- The fingerprint (RFC 8785).
 
@@ -987,6 +1034,7 @@ DECLARE
     snapshot_kept boolean;
     locked boolean := false;
     mask int;
+    lock_key int;
     new_token uuid;
     new_expires timestamptz;
     taken record;
@@ -1090,7 +1138,16 @@ BEGIN
                         problem := idempotency.portable_lock_mask_error();
                         RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
                     END IF;
-                    PERFORM pg_advisory_xact_lock(7649, hashtext((idem_claim.scope || chr(1) || idem_claim.key) COLLATE "C") & mask);
+                    lock_key := hashtext((idem_claim.scope || chr(1) || idem_claim.key) COLLATE "C") & mask;
+                    IF NOT pg_try_advisory_xact_lock(7649, lock_key) THEN
+                        -- Row-level security: the INSERT policy answers before any wait (keylock.sql).
+                        IF row_security_active('idempotency.keys') THEN
+                            PERFORM idempotency.portable_trial_claim(idem_claim.scope, idem_claim.key,
+                                idem_claim.fingerprint, coalesce(idem_claim.token, gen_random_uuid()),
+                                lease_end, now_, expires);
+                        END IF;
+                        PERFORM pg_advisory_xact_lock(7649, lock_key);
+                    END IF;
                     locked := true;
                     IF NOT snapshot_kept THEN
                         CONTINUE rounds;
@@ -1488,6 +1545,7 @@ DECLARE
     live_until timestamptz;
     legacy boolean;
     mask int;
+    lock_key int;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('message_id', message_id));
     IF problem IS NOT NULL THEN
@@ -1531,7 +1589,15 @@ BEGIN
             problem := idempotency.portable_lock_mask_error();
             RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
         END IF;
-        PERFORM pg_advisory_xact_lock(7650, hashtext((idem_seen.scope || chr(1) || idem_seen.message_id) COLLATE "C") & mask);
+        lock_key := hashtext((idem_seen.scope || chr(1) || idem_seen.message_id) COLLATE "C") & mask;
+        IF NOT pg_try_advisory_xact_lock(7650, lock_key) THEN
+            -- Row-level security: the INSERT policy answers before any wait (keylock.sql).
+            IF row_security_active('idempotency.messages') THEN
+                PERFORM idempotency.portable_trial_messages(idem_seen.scope, ARRAY[idem_seen.message_id],
+                                                            now_, now_ + ttl);
+            END IF;
+            PERFORM pg_advisory_xact_lock(7650, lock_key);
+        END IF;
         IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
             -- The snapshot cannot show an id recorded after it: 40001 if there is one.
             PERFORM idempotency.portable_check_messages(idem_seen.scope, ARRAY[idem_seen.message_id]);
@@ -1571,7 +1637,11 @@ DECLARE
     answer boolean[];
     legacy boolean;
     snapshot_kept boolean;
+    expired boolean;
     mask int;
+    lock_keys int[];
+    lock_key int;
+    free int;
 BEGIN
     problem := idempotency.portable_key_error('scope', scope);
     IF problem IS NOT NULL THEN
@@ -1614,37 +1684,56 @@ BEGIN
     legacy := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'messages_legacy');
     snapshot_kept := current_setting('transaction_isolation') IN ('repeatable read', 'serializable');
     FOR round IN 1..2 LOOP
-        -- The distinct ids not live in the log (the 0.5.0 table included while it is there).
-        -- OFFSET 0 keeps the look-up one index look-up per id and partition (0.4.1): as a
-        -- join it could be planned as a hash anti join that reads the whole scope, while the
-        -- statistics still said the scope was small.
+        -- The distinct ids not live in the log (the 0.5.0 table included while it is there),
+        -- and whether any of them has an expired record. Each id's latest expiry is a scalar
+        -- subquery (one primary-key look-up per id and partition): a join with the array
+        -- could be planned as a hash anti join that reads the whole scope, while the
+        -- statistics still said the scope was small (0.4.1).
         IF legacy THEN
-            SELECT array_agg(d.id) INTO unseen
-              FROM (SELECT DISTINCT u.id FROM unnest(coalesce(unseen, message_ids)) AS u(id)) AS d
-             WHERE NOT EXISTS (SELECT FROM idempotency.messages AS m
-                                WHERE m.scope = idem_seen_many.scope AND m.message_id = d.id AND m.expires_at > now_ OFFSET 0)
-               AND NOT EXISTS (SELECT FROM idempotency.messages_legacy AS l
-                                WHERE l.scope = idem_seen_many.scope AND l.message_id = d.id AND l.expires_at > now_ OFFSET 0);
+            SELECT array_agg(d.id), bool_or(d.latest IS NOT NULL) INTO unseen, expired
+              FROM (SELECT u.id,
+                           greatest((SELECT max(m.expires_at) FROM idempotency.messages AS m
+                                      WHERE m.scope = idem_seen_many.scope AND m.message_id = u.id),
+                                    (SELECT max(l.expires_at) FROM idempotency.messages_legacy AS l
+                                      WHERE l.scope = idem_seen_many.scope AND l.message_id = u.id)) AS latest
+                      FROM (SELECT DISTINCT x.id FROM unnest(coalesce(unseen, message_ids)) AS x(id)) AS u) AS d
+             WHERE d.latest IS NULL OR d.latest <= now_;
         ELSE
-            SELECT array_agg(d.id) INTO unseen
-              FROM (SELECT DISTINCT u.id FROM unnest(coalesce(unseen, message_ids)) AS u(id)) AS d
-             WHERE NOT EXISTS (SELECT FROM idempotency.messages AS m
-                                WHERE m.scope = idem_seen_many.scope AND m.message_id = d.id AND m.expires_at > now_ OFFSET 0);
+            SELECT array_agg(d.id), bool_or(d.latest IS NOT NULL) INTO unseen, expired
+              FROM (SELECT u.id,
+                           (SELECT max(m.expires_at) FROM idempotency.messages AS m
+                             WHERE m.scope = idem_seen_many.scope AND m.message_id = u.id) AS latest
+                      FROM (SELECT DISTINCT x.id FROM unnest(coalesce(unseen, message_ids)) AS x(id)) AS u) AS d
+             WHERE d.latest IS NULL OR d.latest <= now_;
         END IF;
         EXIT WHEN unseen IS NULL OR round = 2;
         -- The new ids are recorded under their locks (keylock.sql), taken in the order of the
         -- locks, so that two batches that share ids wait for each other instead of
-        -- deadlocking; then they are read again (a fresh snapshot under READ COMMITTED): an
-        -- id that another transaction recorded meanwhile is not new. A batch holds one lock
-        -- per new id until its transaction ends.
+        -- deadlocking: those free now at once, then (after the policy's answer where
+        -- row-level security applies) the rest, waiting for each in turn. Then they are read
+        -- again (a fresh snapshot under READ COMMITTED): an id that another transaction
+        -- recorded meanwhile is not new. A batch holds one lock per new id until its
+        -- transaction ends.
         mask := idempotency.portable_lock_mask();
         IF mask IS NULL THEN
             problem := idempotency.portable_lock_mask_error();
             RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
         END IF;
-        PERFORM pg_advisory_xact_lock(7650, l.h)
-           FROM (SELECT DISTINCT hashtext((idem_seen_many.scope || chr(1) || u.id) COLLATE "C") & mask AS h
-                   FROM unnest(unseen) AS u(id) ORDER BY 1) AS l;
+        SELECT array_agg(l.h ORDER BY l.h) INTO lock_keys
+          FROM (SELECT DISTINCT hashtext((idem_seen_many.scope || chr(1) || u.id) COLLATE "C") & mask AS h
+                  FROM unnest(unseen) AS u(id)) AS l;
+        free := 0;
+        FOREACH lock_key IN ARRAY lock_keys LOOP
+            EXIT WHEN NOT pg_try_advisory_xact_lock(7650, lock_key);
+            free := free + 1;
+        END LOOP;
+        IF free < cardinality(lock_keys) THEN
+            IF row_security_active('idempotency.messages') THEN
+                PERFORM idempotency.portable_trial_messages(idem_seen_many.scope, unseen, now_, now_ + ttl);
+            END IF;
+            PERFORM pg_advisory_xact_lock(7650, l.h)
+               FROM unnest(lock_keys[free + 1:]) WITH ORDINALITY AS l(h, i) ORDER BY l.i;
+        END IF;
         IF snapshot_kept THEN
             -- The snapshot cannot show an id recorded after it: 40001 if there is one.
             PERFORM idempotency.portable_check_messages(idem_seen_many.scope, unseen);
@@ -1652,11 +1741,13 @@ BEGIN
         END IF;
     END LOOP;
     IF unseen IS NOT NULL THEN
-        DELETE FROM idempotency.messages AS m
-         WHERE m.scope = idem_seen_many.scope AND m.message_id = ANY (unseen) AND m.expires_at <= now_;
-        IF legacy THEN
-            DELETE FROM idempotency.messages_legacy AS l
-             WHERE l.scope = idem_seen_many.scope AND l.message_id = ANY (unseen) AND l.expires_at <= now_;
+        IF expired THEN
+            DELETE FROM idempotency.messages AS m
+             WHERE m.scope = idem_seen_many.scope AND m.message_id = ANY (unseen) AND m.expires_at <= now_;
+            IF legacy THEN
+                DELETE FROM idempotency.messages_legacy AS l
+                 WHERE l.scope = idem_seen_many.scope AND l.message_id = ANY (unseen) AND l.expires_at <= now_;
+            END IF;
         END IF;
         INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
         SELECT idem_seen_many.scope, u.id, now_, now_ + ttl FROM unnest(unseen) AS u(id);

@@ -51,6 +51,7 @@ DECLARE
     snapshot_kept boolean;
     locked boolean := false;
     mask int;
+    lock_key int;
     new_token uuid;
     new_expires timestamptz;
     taken record;
@@ -154,7 +155,16 @@ BEGIN
                         problem := idempotency.portable_lock_mask_error();
                         RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
                     END IF;
-                    PERFORM pg_advisory_xact_lock(7649, hashtext((idem_claim.scope || chr(1) || idem_claim.key) COLLATE "C") & mask);
+                    lock_key := hashtext((idem_claim.scope || chr(1) || idem_claim.key) COLLATE "C") & mask;
+                    IF NOT pg_try_advisory_xact_lock(7649, lock_key) THEN
+                        -- Row-level security: the INSERT policy answers before any wait (keylock.sql).
+                        IF row_security_active('idempotency.keys') THEN
+                            PERFORM idempotency.portable_trial_claim(idem_claim.scope, idem_claim.key,
+                                idem_claim.fingerprint, coalesce(idem_claim.token, gen_random_uuid()),
+                                lease_end, now_, expires);
+                        END IF;
+                        PERFORM pg_advisory_xact_lock(7649, lock_key);
+                    END IF;
                     locked := true;
                     IF NOT snapshot_kept THEN
                         CONTINUE rounds;

@@ -96,3 +96,50 @@ BEGIN
        AND m.seen_at = '-infinity'::timestamptz;
 END
 $$;
+
+-- Row-level security and the key lock (docs/security.md; the native edition's src/policy.rs).
+-- A claim of a key in a scope whose INSERT policy refuses the current role must fail with
+-- 42501 at once, as the INSERT does, even while another tenant's transaction holds that key:
+-- waiting for the key's lock first would make it wait (and tell it that the key is held).
+-- So where row-level security applies to the current role (row_security_active), a claim
+-- that finds the lock taken first tries the write: the row is inserted in a subtransaction
+-- that is always rolled back; 42501 passes through, anything else the trial meets (a unique
+-- violation, a wait) is left to the real write. The same for idem_seen / idem_seen_many.
+CREATE FUNCTION idempotency.portable_trial_claim(scope text, key text, fingerprint text, token uuid,
+                                                 locked_until timestamptz, now_ timestamptz,
+                                                 expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.keys
+           (scope, key, fingerprint, status, token, attempts, locked_until, created_at, updated_at, expires_at)
+    VALUES (portable_trial_claim.scope, portable_trial_claim.key, portable_trial_claim.fingerprint,
+            'in_progress', portable_trial_claim.token, 1, portable_trial_claim.locked_until, now_, now_,
+            portable_trial_claim.expires_at);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
+$$;
+
+CREATE FUNCTION idempotency.portable_trial_messages(scope text, message_ids text[], now_ timestamptz,
+                                                    expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
+    SELECT portable_trial_messages.scope, u.id, now_, portable_trial_messages.expires_at
+      FROM unnest(message_ids) AS u(id);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
+$$;

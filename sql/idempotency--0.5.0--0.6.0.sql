@@ -96,6 +96,7 @@ DO $upgrade$
 DECLARE
     citus boolean := EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus');
     distributed boolean := false;
+    con record;
 BEGIN
     IF citus THEN
         EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition '
@@ -121,6 +122,18 @@ BEGIN
     COMMENT ON TABLE idempotency.messages_legacy IS
         'The message ids of idempotency 0.5.0, read after idempotency.messages until idem_sweep '
         'has moved or deleted them all and dropped this table.';
+    -- PostgreSQL 18 names the NOT NULL constraints (keys_scope_not_null ...): the renamed
+    -- tables' go with them, so that the new tables' get the same names as a fresh install's.
+    FOR con IN
+        SELECT c.conrelid::pg_catalog.regclass AS tab, c.conname
+          FROM pg_catalog.pg_constraint AS c
+         WHERE c.conrelid OPERATOR(pg_catalog.=) ANY (ARRAY['idempotency.keys_legacy'::pg_catalog.regclass,
+                                                            'idempotency.messages_legacy'::pg_catalog.regclass])
+           AND c.contype OPERATOR(pg_catalog.=) 'n'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE %s RENAME CONSTRAINT %I TO %I', con.tab, con.conname,
+                                  pg_catalog.regexp_replace(con.conname, '^(keys|messages)_', '\1_legacy_'));
+    END LOOP;
 
     CREATE TABLE idempotency.keys (
         scope            text        NOT NULL,

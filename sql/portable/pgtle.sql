@@ -46,7 +46,8 @@ BEGIN
 END
 $$;
 
--- The record, the message log and the claim result type (as sql/bootstrap.sql).
+-- The record, the message log and the claim result type (as sql/bootstrap.sql): both tables
+-- partitioned by time (0.6.0), with the partitions the install makes.
 
 CREATE TABLE idempotency.keys (
     scope            text        NOT NULL,
@@ -64,54 +65,88 @@ CREATE TABLE idempotency.keys (
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
     completed_at     timestamptz,
-    expires_at       timestamptz NOT NULL,
-    CONSTRAINT keys_pkey PRIMARY KEY (scope, key)
-);
+    expires_at       timestamptz NOT NULL
+) PARTITION BY RANGE ((CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END));
 
 COMMENT ON TABLE idempotency.keys IS
     'One idempotency record per (scope, key). Written through the idem_* functions; '
-    'a record with expires_at <= now() is treated as absent until idem_sweep deletes it.';
+    'a record with expires_at <= now() is treated as absent until idem_sweep drops or deletes it.';
 
-ALTER TABLE idempotency.keys SET (
+-- Claims in flight: small, changed in place (checkpoints, takeovers), emptied as claims
+-- complete. Vacuumed after 1 % of it changed rather than PostgreSQL's default 20 %.
+CREATE TABLE idempotency.keys_claims PARTITION OF idempotency.keys (
+    CONSTRAINT keys_claims_pkey PRIMARY KEY (scope, key)
+) FOR VALUES FROM (MINVALUE) TO ('1970-01-01 00:00:00+00');
+
+ALTER TABLE idempotency.keys_claims SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
-CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
-
-CREATE INDEX keys_in_progress_idx ON idempotency.keys (locked_until)
+-- idem_reclaim_stale and idempotency.stats: claims by end of lease. Partial: the predicate
+-- names locked_until too, so that it is implied only by queries on the lease ("locked_until
+-- <= now"), and the fenced UPDATEs of idem_checkpoint ("status = 'in_progress'" and a key)
+-- use the primary key.
+CREATE INDEX keys_in_progress_idx ON idempotency.keys_claims (locked_until)
     WHERE status = 'in_progress' AND locked_until IS NOT NULL;
+
+-- idem_sweep: claims that expired without being completed, oldest first.
+CREATE INDEX keys_claims_expires_at_idx ON idempotency.keys_claims (expires_at);
+
+-- Completed records whose expiry lies past the partitions made so far (a ttl longer than
+-- idempotency.default_ttl plus two periods, or no idem_sweep yet): swept by DELETE as every
+-- record was before 0.6.0, and moved into each partition idem_sweep makes.
+CREATE TABLE idempotency.keys_far PARTITION OF idempotency.keys (
+    CONSTRAINT keys_far_pkey PRIMARY KEY (scope, key)
+) DEFAULT;
+
+ALTER TABLE idempotency.keys_far SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01
+);
+
+-- idem_sweep: expired records, oldest first; and the rows a new partition takes over.
+CREATE INDEX keys_far_expires_at_idx ON idempotency.keys_far (expires_at);
 
 -- The sweep with tombstones on (idempotency.tombstone_ttl): records that still hold a
 -- response, by expiry, so that each batch finds the expired ones to turn into tombstones
--- without stepping over the tombstones it already made.
-CREATE INDEX keys_responses_idx ON idempotency.keys (expires_at)
+-- without stepping over the tombstones it already made. (A partition of its own keeps the
+-- responses until it is dropped; its claims answer expired without them.)
+CREATE INDEX keys_responses_idx ON idempotency.keys_far (expires_at)
     WHERE response_body IS NOT NULL OR response_headers IS NOT NULL;
 
+-- Message ids seen by idem_seen, one row per (scope, message_id), partitioned by expiry as
+-- the completed records are.
 CREATE TABLE idempotency.messages (
     scope      text        NOT NULL,
     message_id text        NOT NULL,
     seen_at    timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL,
-    CONSTRAINT messages_pkey PRIMARY KEY (scope, message_id)
-);
+    expires_at timestamptz NOT NULL
+) PARTITION BY RANGE (expires_at);
 
 COMMENT ON TABLE idempotency.messages IS
-    'Message ids recorded by idem_seen; expired rows are treated as absent until idem_sweep deletes them.';
+    'Message ids recorded by idem_seen; expired rows are treated as absent until idem_sweep drops or deletes them.';
 
-CREATE INDEX messages_expires_at_idx ON idempotency.messages (expires_at);
+CREATE TABLE idempotency.messages_far PARTITION OF idempotency.messages (
+    CONSTRAINT messages_far_pkey PRIMARY KEY (scope, message_id)
+) DEFAULT;
 
-ALTER TABLE idempotency.messages SET (
+ALTER TABLE idempotency.messages_far SET (
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 
--- Installed as an extension (pg_tle, or a control file), pg_dump keeps the rows of both
--- tables; run with psql -f there is no extension and pg_dump keeps everything anyway.
+CREATE INDEX messages_far_expires_at_idx ON idempotency.messages_far (expires_at);
+
+-- Installed as an extension (pg_tle, or a control file), pg_dump keeps the rows of the
+-- extension's own partitions (the periods idem_sweep makes are tables of their own to
+-- pg_dump, which keeps them and their rows anyway); run with psql -f there is no extension
+-- and pg_dump keeps everything anyway.
 DO $$
 BEGIN
-    PERFORM pg_catalog.pg_extension_config_dump('idempotency.keys', '');
-    PERFORM pg_catalog.pg_extension_config_dump('idempotency.messages', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.keys_claims', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.keys_far', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.messages_far', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL; -- not inside CREATE EXTENSION
 END
@@ -141,6 +176,278 @@ CREATE FUNCTION idempotency.portable_version() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT '0.6.0' $$;
+
+-- ---------------------------------------------------------------------------------------
+-- The records' time partitions, made ahead and dropped behind by idem_sweep (as
+-- sql/partitions.sql, which both editions read).
+
+-- idempotency.partition_period in seconds, checked: 0 (no periods: every completed record
+-- goes to the far partition and is swept by DELETE, as before 0.6.0) or a fixed length (no
+-- months) of 1 second to 366 days. The native edition checks the value when it is SET; the
+-- portable edition reads a placeholder, checked here.
+CREATE FUNCTION idempotency.partition_period_seconds() RETURNS float8
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text := current_setting('idempotency.partition_period', true);
+    val interval;
+BEGIN
+    IF raw IS NULL OR raw = '' THEN
+        RETURN 86400;
+    END IF;
+    BEGIN
+        val := raw::interval;
+    EXCEPTION WHEN data_exception OR syntax_error THEN
+        val := NULL;
+    END;
+    IF val = interval '0' THEN
+        RETURN 0;
+    END IF;
+    IF val IS NULL OR extract(month FROM val) <> 0 OR extract(year FROM val) <> 0
+       OR val < interval '1 second' OR val > interval '366 days' THEN
+        RAISE EXCEPTION 'invalid value for setting "idempotency.partition_period": "%" (it must be 0 or a fixed length of 1 second to 366 days, no months)', raw
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN extract(epoch FROM val);
+END
+$$;
+
+-- One partition of a table: its relation, and its bounds (NULL: MINVALUE / MAXVALUE; the
+-- default partition has both NULL and is_default).
+CREATE FUNCTION idempotency.partition_bounds(parent regclass)
+RETURNS TABLE (part regclass, lower_bound timestamptz, upper_bound timestamptz, is_default boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.oid::regclass,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
+           (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
+           pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'
+      FROM pg_inherits AS i
+      JOIN pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = parent
+$$;
+
+-- Makes the partitions of `parent` that new records need, moving into each the rows of
+-- `far` (its default partition) that belong there, and drops the partitions whose every
+-- record expired more than `grace` ago. Each step waits at most lock_timeout for its locks
+-- (partitions_maintain sets 100 ms): a step that cannot have them is left for the next call,
+-- with a NOTICE. Returns what it did: 'created' (with the rows moved in) or 'dropped' (with
+-- the rows the statistics last counted in it).
+CREATE FUNCTION idempotency.partition_maintain(parent regclass, far regclass, key_expr text,
+                                               primary_key text, grace interval)
+RETURNS TABLE (action text, partition_name text, rows_moved bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    period float8 := idempotency.partition_period_seconds();
+    horizon timestamptz;
+    start_at timestamptz;
+    end_at timestamptz;
+    last_upper timestamptz;
+    made int := 0;
+    name text;
+    qualified text;
+    moved bigint;
+    distributed boolean;
+    p record;
+BEGIN
+    horizon := now() + coalesce(nullif(current_setting('idempotency.default_ttl', true), '')::interval,
+                                interval '24 hours')
+               + make_interval(secs => 2 * period);
+    SELECT max(b.upper_bound) INTO last_upper
+      FROM idempotency.partition_bounds(parent) AS b
+     WHERE NOT b.is_default AND b.lower_bound IS NOT NULL;
+    -- A period that ended is not made: no new record expires in it.
+    start_at := greatest(last_upper, to_timestamp(floor(extract(epoch FROM now()) / greatest(period, 1)) * greatest(period, 1)));
+    WHILE period > 0 AND start_at < horizon AND made < 1000 LOOP
+        end_at := to_timestamp((floor(extract(epoch FROM start_at) / period) + 1) * period);
+        name := pg_catalog.format('%s_%s', (SELECT c.relname FROM pg_class AS c WHERE c.oid = parent),
+                                  to_char(start_at AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS'));
+        qualified := pg_catalog.format('idempotency.%I', name);
+        BEGIN
+            EXECUTE pg_catalog.format(
+                'CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING STORAGE INCLUDING COMPRESSION)',
+                qualified, parent);
+            EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)',
+                                      qualified, name || '_pkey', primary_key);
+            -- So that ATTACH does not scan the new table for rows outside the period; the
+            -- constraint is dropped once attached (every CHECK costs each INSERT a plan).
+            EXECUTE pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (%s >= %L AND %s < %L)',
+                                      qualified, name || '_period', key_expr, start_at, key_expr, end_at);
+            -- The rows of this period that went to the far partition move here; no new one
+            -- may go there meanwhile.
+            EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', far);
+            EXECUTE pg_catalog.format(
+                'WITH moved AS (DELETE FROM %s WHERE expires_at >= %L AND expires_at < %L RETURNING *) '
+                'INSERT INTO %s SELECT * FROM moved', far, start_at, end_at, qualified);
+            GET DIAGNOSTICS moved = ROW_COUNT;
+            EXECUTE pg_catalog.format('ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%L) TO (%L)',
+                                      parent, qualified, start_at, end_at);
+            EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', qualified, name || '_period');
+            -- On Citus the ATTACH distributed the new partition, copying the moved rows into
+            -- its shards: the local copy they came from goes.
+            IF moved > 0 AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+                EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition '
+                        'WHERE logicalrelid OPERATOR(pg_catalog.=) $1)' INTO distributed USING qualified::regclass;
+                IF distributed THEN
+                    EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
+                        USING qualified::regclass;
+                END IF;
+            END IF;
+            action := 'created';
+            partition_name := qualified;
+            rows_moved := moved;
+            RETURN NEXT;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RAISE NOTICE 'idem_sweep: % was not made this time (its locks were busy); the next sweep makes it', qualified;
+                EXIT;
+            WHEN OTHERS THEN
+                RAISE WARNING 'idem_sweep: % was not made: %', qualified, SQLERRM;
+                EXIT;
+        END;
+        start_at := end_at;
+        made := made + 1;
+    END LOOP;
+
+    FOR p IN
+        SELECT b.part, c.reltuples
+          FROM idempotency.partition_bounds(parent) AS b
+          JOIN pg_class AS c ON c.oid = b.part
+         WHERE NOT b.is_default AND b.lower_bound IS NOT NULL AND b.upper_bound + grace <= now()
+         ORDER BY b.upper_bound
+    LOOP
+        partition_name := p.part::text;
+        BEGIN
+            EXECUTE pg_catalog.format('DROP TABLE %s', p.part);
+            action := 'dropped';
+            rows_moved := greatest(p.reltuples, 0)::bigint;
+            RETURN NEXT;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                RAISE NOTICE 'idem_sweep: % was not dropped this time (a transaction was using the table); the next sweep drops it', partition_name;
+                EXIT;
+            WHEN OTHERS THEN
+                RAISE WARNING 'idem_sweep: % was not dropped: %', partition_name, SQLERRM;
+                EXIT;
+        END;
+    END LOOP;
+END
+$$;
+
+-- A database updated from 0.5.0 keeps its records in keys_legacy and messages_legacy until
+-- idem_sweep has moved the live ones into the partitions and deleted the expired ones
+-- (sql/idempotency--0.5.0--0.6.0.sql): then the emptied table leaves the extension and is
+-- dropped, waiting at most lock_timeout for its lock (the next sweep tries again).
+CREATE FUNCTION idempotency.legacy_drop_when_empty()
+RETURNS TABLE (action text, partition_name text, rows_moved bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    legacy regclass;
+    empty boolean;
+BEGIN
+    FOREACH legacy IN ARRAY ARRAY[to_regclass('idempotency.keys_legacy'), to_regclass('idempotency.messages_legacy')] LOOP
+        CONTINUE WHEN legacy IS NULL;
+        EXECUTE format('SELECT NOT EXISTS (SELECT FROM %s)', legacy) INTO empty;
+        CONTINUE WHEN NOT empty;
+        partition_name := legacy::text;
+        BEGIN
+            -- The table and its row type were the extension's (before 0.6.0 the table was
+            -- keys or messages): they leave it first.
+            IF EXISTS (SELECT FROM pg_depend AS d JOIN pg_extension AS e ON e.oid = d.refobjid
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = legacy AND d.deptype = 'e'
+                          AND e.extname = 'idempotency') THEN
+                EXECUTE format('ALTER EXTENSION idempotency DROP TABLE %s', legacy);
+            END IF;
+            IF EXISTS (SELECT FROM pg_depend AS d JOIN pg_extension AS e ON e.oid = d.refobjid
+                        JOIN pg_class AS c ON c.reltype = d.objid
+                        WHERE d.classid = 'pg_type'::regclass AND c.oid = legacy AND d.deptype = 'e'
+                          AND e.extname = 'idempotency') THEN
+                EXECUTE format('ALTER EXTENSION idempotency DROP TYPE %s', legacy);
+            END IF;
+            EXECUTE format('DROP TABLE %s', legacy);
+            action := 'dropped';
+            rows_moved := 0;
+            RETURN NEXT;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'idem_sweep: % is empty but was not dropped this time: %', partition_name, SQLERRM;
+        END;
+    END LOOP;
+END
+$$;
+
+-- Would partitions_maintain() have something to do now: a period to make (the periods end
+-- before now() + idempotency.default_ttl + one period) or to drop?
+CREATE FUNCTION idempotency.partitions_due() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT idempotency.partition_period_seconds() > 0 AND EXISTS (
+               SELECT FROM (VALUES ('idempotency.keys'::regclass), ('idempotency.messages'::regclass)) AS t(parent)
+                WHERE coalesce((SELECT max(b.upper_bound) FROM idempotency.partition_bounds(t.parent) AS b
+                                 WHERE NOT b.is_default AND b.lower_bound IS NOT NULL), '-infinity')
+                      < now() + coalesce(nullif(current_setting('idempotency.default_ttl', true), '')::interval,
+                                         interval '24 hours')
+                        + make_interval(secs => idempotency.partition_period_seconds()))
+        OR EXISTS (
+               SELECT FROM idempotency.partition_bounds('idempotency.keys') AS b
+                WHERE NOT b.is_default AND b.lower_bound IS NOT NULL
+                  AND b.upper_bound + coalesce(nullif(current_setting('idempotency.tombstone_ttl', true), '')::interval,
+                                               interval '0') <= now()
+               UNION ALL
+               SELECT FROM idempotency.partition_bounds('idempotency.messages') AS b
+                WHERE NOT b.is_default AND b.lower_bound IS NOT NULL AND b.upper_bound <= now())
+$$;
+
+-- The partitions of both tables, kept: what idem_sweep calls last, when it runs in a
+-- transaction of its own (the locks of ATTACH and DROP last until COMMIT). For keys, a period
+-- is dropped once its tombstones ended too (idempotency.tombstone_ttl). ATTACH and DROP need
+-- the tables' owner: for any other role it does nothing but say so (a NOTICE); schedule the
+-- sweep as the owner (schedule_maintenance does, as the role that calls it).
+CREATE FUNCTION idempotency.partitions_maintain()
+RETURNS TABLE (action text, partition_name text, rows_moved bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+BEGIN
+    IF NOT pg_has_role((SELECT c.relowner FROM pg_class AS c WHERE c.oid = 'idempotency.keys'::regclass), 'USAGE') THEN
+        RAISE NOTICE 'idem_sweep: only the owner of idempotency.keys makes and drops its partitions; % is not', current_user
+            USING HINT = 'Run idem_sweep as the owner of the extension''s tables (pg_cron: schedule it as that role).';
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM idempotency.partition_maintain(
+        'idempotency.keys', 'idempotency.keys_far',
+        '(CASE WHEN status = ''completed'' THEN expires_at ELSE ''-infinity''::timestamptz END)',
+        'scope, key',
+        coalesce(nullif(current_setting('idempotency.tombstone_ttl', true), '')::interval, interval '0'));
+    RETURN QUERY
+    SELECT * FROM idempotency.partition_maintain(
+        'idempotency.messages', 'idempotency.messages_far', 'expires_at', 'scope, message_id', interval '0');
+    RETURN QUERY SELECT * FROM idempotency.legacy_drop_when_empty();
+END
+$$;
+
+-- Every partition of keys and messages with its period and the rows the statistics last
+-- counted in it: what an operator looks at (docs/operations.md#partitions).
+CREATE VIEW idempotency.partitions AS
+SELECT b.part::text AS partition_name,
+       CASE WHEN b.is_default THEN 'far'
+            WHEN b.lower_bound IS NULL THEN 'claims'
+            ELSE 'period' END AS kind,
+       b.lower_bound, b.upper_bound,
+       greatest(c.reltuples, 0)::bigint AS estimated_rows,
+       pg_catalog.pg_total_relation_size(b.part) AS total_bytes
+  FROM (SELECT * FROM idempotency.partition_bounds('idempotency.keys')
+        UNION ALL
+        SELECT * FROM idempotency.partition_bounds('idempotency.messages')) AS b
+  JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) b.part;
 
 -- ---------------------------------------------------------------------------------------
 -- Helpers. None raises: the idem_* functions raise their errors themselves, so that an
@@ -320,6 +627,152 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT '"' || replace(replace(val, '\', '\\'), '"', '\"') || '"'
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- The key lock (docs/reliability.md#the-key-lock) and what a claim under REPEATABLE READ or
+-- SERIALIZABLE does instead of reading the key again.
+--
+-- A claim that may create a record (idem_claim of a free key), and idem_seen / idem_seen_many
+-- for an id they may record, first take a transaction-level advisory lock:
+--     pg_advisory_xact_lock(7649, h)   (scope, key)        [messages: 7650]
+-- h is a 32-bit hash of the scope, U+0001 (which no scope, key or message id may hold) and
+-- the key or id. The native edition locks a 64-bit hash in a lock space of its own; SQL can
+-- only reach the advisory lock space that applications share, so an application lock on
+-- (7649, h) or (7650, h) makes a claim wait for it, as two keys whose hashes meet do. A
+-- lock is never an answer: each claim then reads its own key. pg_locks shows the lock as
+-- `advisory`, classid 7649 (7650), objsubid 2.
+
+-- The mask that idempotency.key_lock_bits (for tests only: fewer bits make keys share locks)
+-- puts on the 32-bit hash: -1 (every bit) unless it is set below 32; NULL when it is set to
+-- anything but an integer from 1 to 64.
+CREATE FUNCTION idempotency.portable_lock_mask() RETURNS int
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text := btrim(coalesce(current_setting('idempotency.key_lock_bits', true), ''));
+    bits int;
+BEGIN
+    IF raw = '' THEN
+        RETURN -1;
+    END IF;
+    IF raw !~ '^[0-9]{1,2}$' THEN
+        RETURN NULL;
+    END IF;
+    bits := raw::int;
+    IF bits < 1 OR bits > 64 THEN
+        RETURN NULL;
+    END IF;
+    RETURN CASE WHEN bits >= 32 THEN -1 ELSE ((1::bigint << bits) - 1)::int END;
+END
+$$;
+
+-- The error for a bad idempotency.key_lock_bits, as "SQLSTATE message".
+CREATE FUNCTION idempotency.portable_lock_mask_error() RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('22023 invalid value for setting "idempotency.key_lock_bits": "%s" (it must be an integer from 1 to 64)',
+                  current_setting('idempotency.key_lock_bits', true))
+$$;
+
+-- Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot never shows what another
+-- transaction committed after it was taken. So a claim of a key that is free in its
+-- snapshot cannot read the key again once it holds the key lock, as the native edition does
+-- with the latest snapshot; it asks every partition's primary key instead: a stand-in row of
+-- the key goes into each partition with ON CONFLICT DO NOTHING, and comes out again at once
+-- (deleted by token). A record of the key that the snapshot cannot see makes PostgreSQL
+-- refuse the INSERT with 40001, "could not serialize access due to concurrent update" (the
+-- native edition's answer); a record the snapshot sees is left alone. Run only under the key
+-- lock, so no other claim of the key is writing meanwhile.
+CREATE FUNCTION idempotency.portable_check_key(scope text, key text) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    stand_in uuid := gen_random_uuid();
+    now_ timestamptz := now();
+BEGIN
+    -- One row per partition: in_progress for the claims' partition, completed with an expiry
+    -- in each period, completed past every period for the far one.
+    INSERT INTO idempotency.keys AS k (scope, key, status, token, attempts, locked_until,
+                                       created_at, updated_at, expires_at)
+    SELECT portable_check_key.scope, portable_check_key.key,
+           CASE WHEN b.is_default OR b.lower_bound IS NOT NULL THEN 'completed' ELSE 'in_progress' END,
+           stand_in, 1, CASE WHEN b.is_default OR b.lower_bound IS NOT NULL THEN NULL ELSE now_ END,
+           now_, now_,
+           CASE WHEN b.is_default THEN 'infinity'::timestamptz ELSE coalesce(b.lower_bound, now_) END
+      FROM idempotency.partition_bounds('idempotency.keys') AS b
+    ON CONFLICT DO NOTHING;
+    DELETE FROM idempotency.keys AS k
+     WHERE k.scope = portable_check_key.scope AND k.key = portable_check_key.key AND k.token = stand_in;
+END
+$$;
+
+-- The same for message ids about to be recorded: a stand-in row of each in every partition
+-- of idempotency.messages (seen_at -infinity marks them), deleted again at once.
+CREATE FUNCTION idempotency.portable_check_messages(scope text, message_ids text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at)
+    SELECT portable_check_messages.scope, u.id, '-infinity'::timestamptz,
+           CASE WHEN b.is_default THEN 'infinity'::timestamptz ELSE b.lower_bound END
+      FROM unnest(message_ids) AS u(id), idempotency.partition_bounds('idempotency.messages') AS b
+    ON CONFLICT DO NOTHING;
+    DELETE FROM idempotency.messages AS m
+     WHERE m.scope = portable_check_messages.scope AND m.message_id = ANY (message_ids)
+       AND m.seen_at = '-infinity'::timestamptz;
+END
+$$;
+
+-- Row-level security and the key lock (docs/security.md; the native edition's src/policy.rs).
+-- A claim of a key in a scope whose INSERT policy refuses the current role must fail with
+-- 42501 at once, as the INSERT does, even while another tenant's transaction holds that key:
+-- waiting for the key's lock first would make it wait (and tell it that the key is held).
+-- So where row-level security applies to the current role (row_security_active), a claim
+-- that finds the lock taken first tries the write: the row is inserted in a subtransaction
+-- that is always rolled back; 42501 passes through, anything else the trial meets (a unique
+-- violation, a wait) is left to the real write. The same for idem_seen / idem_seen_many.
+CREATE FUNCTION idempotency.portable_trial_claim(scope text, key text, fingerprint text, token uuid,
+                                                 locked_until timestamptz, now_ timestamptz,
+                                                 expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.keys
+           (scope, key, fingerprint, status, token, attempts, locked_until, created_at, updated_at, expires_at)
+    VALUES (portable_trial_claim.scope, portable_trial_claim.key, portable_trial_claim.fingerprint,
+            'in_progress', portable_trial_claim.token, 1, portable_trial_claim.locked_until, now_, now_,
+            portable_trial_claim.expires_at);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
+$$;
+
+CREATE FUNCTION idempotency.portable_trial_messages(scope text, message_ids text[], now_ timestamptz,
+                                                    expires_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
+    SELECT portable_trial_messages.scope, u.id, now_, portable_trial_messages.expires_at
+      FROM unnest(message_ids) AS u(id);
+    RAISE EXCEPTION 'the trial write is rolled back';
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE;
+    WHEN OTHERS THEN
+        NULL;
+END
 $$;
 
 -- ---------------------------------------------------------------------------------------
@@ -559,9 +1012,9 @@ $$;
 
 -- ---------------------------------------------------------------------------------------
 -- idem_claim. One read of (scope, key) answers replay, in_progress, mismatch and expired
--- with nothing written and no transaction id taken; only a claim that goes ahead writes (an
--- insert, the replacement of an expired record, or the takeover of a claim whose lease
--- ended). A write that finds the record changed under it reads again.
+-- with nothing written and no transaction id taken; only a claim that goes ahead writes (a
+-- new record, the replacement of an expired record, or the takeover of a claim whose lease
+-- ended). A takeover is fenced on the token read.
 --
 -- 0.4.0: a caller's token is stored by a new claim or a takeover, and a repeated call with
 -- the token of the live in_progress record answers claimed again, writing nothing. With
@@ -573,10 +1026,17 @@ $$;
 -- transaction id; cancel and statement_timeout stop pg_sleep. Under REPEATABLE READ or
 -- SERIALIZABLE the snapshot never shows a change: the answer is given at once.
 --
--- 0.6.0: deferred is accepted and answers exactly as in the native edition, but the
--- portable edition cannot hold a key without a row (it has no memory that lives until the
--- transaction ends, nor a hook at COMMIT): it writes the in_progress record at once, as
--- without deferred, and idem_complete updates it (docs/portable.md).
+-- 0.6.0: records live in time partitions (sql/bootstrap.sql), and the tables of a 0.5.0
+-- install (keys_legacy) are read after them while they are there; a key has at most one
+-- record, the latest expiry. A claim that would create a record first takes the key lock
+-- (keylock.sql), then reads the key again: a claim that waited there for another
+-- transaction's claim of the key sees what that transaction left (under REPEATABLE READ or
+-- SERIALIZABLE, where it cannot, a record committed after the snapshot gives 40001). The
+-- new record is an INSERT, after the DELETE of the expired record it replaces. deferred is
+-- accepted and answers exactly as in the native edition, but this edition cannot hold a key
+-- without a row (it has no memory that lives until the transaction ends, nor a hook at
+-- COMMIT): it writes the in_progress record at once, as without deferred, and idem_complete
+-- moves it (docs/portable.md).
 
 CREATE FUNCTION idempotency.idem_claim(
     scope text,
@@ -598,6 +1058,12 @@ DECLARE
     expires timestamptz;
     lease_end timestamptz;
     rec record;
+    found_record boolean;
+    legacy boolean;
+    snapshot_kept boolean;
+    locked boolean := false;
+    mask int;
+    lock_key int;
     new_token uuid;
     new_expires timestamptz;
     taken record;
@@ -636,6 +1102,9 @@ BEGIN
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
 
+    legacy := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'keys_legacy');
+    snapshot_kept := current_setting('transaction_isolation') IN ('repeatable read', 'serializable');
+
     <<waiting>>
     LOOP
         expires := now_ + ttl;
@@ -643,28 +1112,33 @@ BEGIN
         answer := NULL;
         <<rounds>>
         FOR round IN 1..10 LOOP
-            SELECT k.fingerprint, k.status, k.token, k.attempts, k.locked_until, k.expires_at,
-                   k.response_status, k.response_headers, k.response_body, k.recovery_point, k.recovery_data
-              INTO rec
-              FROM idempotency.keys AS k
-             WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key;
-            IF NOT FOUND THEN
-                new_token := coalesce(idem_claim.token, gen_random_uuid());
-                INSERT INTO idempotency.keys AS k
-                       (scope, key, fingerprint, status, token, attempts, locked_until,
-                        created_at, updated_at, expires_at)
-                VALUES (idem_claim.scope, idem_claim.key, idem_claim.fingerprint, 'in_progress',
-                        new_token, 1, lease_end, now_, now_, expires)
-                ON CONFLICT (scope, key) DO NOTHING;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                IF n = 1 THEN
-                    answer := ROW('claimed', new_token, NULL, NULL, NULL, NULL, NULL, NULL, 1, expires, lease_end);
-                    EXIT rounds;
-                END IF;
-                CONTINUE; -- another transaction inserted it first: read what it left
+            -- The record: the latest expiry among the partitions (a period about to be
+            -- dropped may still hold an older, expired one) and the 0.5.0 table.
+            IF legacy THEN
+                SELECT r.fingerprint, r.status, r.token, r.attempts, r.locked_until, r.expires_at,
+                       r.response_status, r.response_headers, r.response_body, r.recovery_point, r.recovery_data
+                  INTO rec
+                  FROM (SELECT k.fingerprint, k.status, k.token, k.attempts, k.locked_until, k.expires_at,
+                               k.response_status, k.response_headers, k.response_body, k.recovery_point, k.recovery_data
+                          FROM idempotency.keys AS k
+                         WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key
+                        UNION ALL
+                        SELECT l.fingerprint, l.status, l.token, l.attempts, l.locked_until, l.expires_at,
+                               l.response_status, l.response_headers, l.response_body, l.recovery_point, l.recovery_data
+                          FROM idempotency.keys_legacy AS l
+                         WHERE l.scope = idem_claim.scope AND l.key = idem_claim.key) AS r
+                 ORDER BY r.expires_at DESC LIMIT 1;
+            ELSE
+                SELECT k.fingerprint, k.status, k.token, k.attempts, k.locked_until, k.expires_at,
+                       k.response_status, k.response_headers, k.response_body, k.recovery_point, k.recovery_data
+                  INTO rec
+                  FROM idempotency.keys AS k
+                 WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key
+                 ORDER BY k.expires_at DESC LIMIT 1;
             END IF;
+            found_record := FOUND;
 
-            IF rec.expires_at <= now_ THEN
+            IF found_record AND rec.expires_at <= now_ THEN
                 -- A completed record inside its tombstone answers expired (or mismatch).
                 IF rec.status = 'completed' THEN
                     SELECT t.value, t.problem INTO tombstone_ttl, problem FROM idempotency.portable_tombstone_ttl() AS t;
@@ -681,20 +1155,59 @@ BEGIN
                         EXIT rounds;
                     END IF;
                 END IF;
-                new_token := coalesce(idem_claim.token, gen_random_uuid());
-                UPDATE idempotency.keys AS k
-                   SET fingerprint = idem_claim.fingerprint, status = 'in_progress', token = new_token,
-                       attempts = 1, locked_until = lease_end, recovery_point = NULL, recovery_data = NULL,
-                       response_status = NULL, response_headers = NULL, response_body = NULL,
-                       created_at = now_, updated_at = now_, completed_at = NULL, expires_at = expires
-                 WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key
-                   AND k.token = rec.token AND k.expires_at <= now_;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                IF n = 1 THEN
-                    answer := ROW('claimed', new_token, NULL, NULL, NULL, NULL, NULL, NULL, 1, expires, lease_end);
-                    EXIT rounds;
+            END IF;
+
+            IF NOT found_record OR rec.expires_at <= now_ THEN
+                -- The key is free: a new claim, under the key lock. Once it is taken the key is
+                -- read again (a new statement, so a fresh snapshot under READ COMMITTED): a
+                -- claim that waited for another transaction's claim answers from what it left.
+                IF NOT locked THEN
+                    mask := idempotency.portable_lock_mask();
+                    IF mask IS NULL THEN
+                        problem := idempotency.portable_lock_mask_error();
+                        RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
+                    END IF;
+                    lock_key := hashtext((idem_claim.scope || chr(1) || idem_claim.key) COLLATE "C") & mask;
+                    IF NOT pg_try_advisory_xact_lock(7649, lock_key) THEN
+                        -- Row-level security: the INSERT policy answers before any wait (keylock.sql).
+                        IF row_security_active('idempotency.keys') THEN
+                            PERFORM idempotency.portable_trial_claim(idem_claim.scope, idem_claim.key,
+                                idem_claim.fingerprint, coalesce(idem_claim.token, gen_random_uuid()),
+                                lease_end, now_, expires);
+                        END IF;
+                        PERFORM pg_advisory_xact_lock(7649, lock_key);
+                    END IF;
+                    locked := true;
+                    IF NOT snapshot_kept THEN
+                        CONTINUE rounds;
+                    END IF;
+                    -- The snapshot cannot show a record committed after it: 40001 if there is one.
+                    PERFORM idempotency.portable_check_key(idem_claim.scope, idem_claim.key);
                 END IF;
-                CONTINUE;
+                -- (A deferred claim refuses a READ ONLY transaction in the native edition's words,
+                -- as it would at its write.)
+                IF deferred AND current_setting('transaction_read_only') = 'on' THEN
+                    RAISE EXCEPTION 'cannot execute idem_claim in a read-only transaction' USING ERRCODE = '25006';
+                END IF;
+                new_token := coalesce(idem_claim.token, gen_random_uuid());
+                IF found_record THEN
+                    DELETE FROM idempotency.keys AS k
+                     WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key
+                       AND k.token = rec.token AND k.expires_at <= now_;
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    IF n = 0 AND legacy THEN
+                        DELETE FROM idempotency.keys_legacy AS l
+                         WHERE l.scope = idem_claim.scope AND l.key = idem_claim.key
+                           AND l.token = rec.token AND l.expires_at <= now_;
+                    END IF;
+                END IF;
+                INSERT INTO idempotency.keys
+                       (scope, key, fingerprint, status, token, attempts, locked_until,
+                        created_at, updated_at, expires_at)
+                VALUES (idem_claim.scope, idem_claim.key, idem_claim.fingerprint, 'in_progress',
+                        new_token, 1, lease_end, now_, now_, expires);
+                answer := ROW('claimed', new_token, NULL, NULL, NULL, NULL, NULL, NULL, 1, expires, lease_end);
+                EXIT rounds;
             END IF;
 
             IF rec.fingerprint IS DISTINCT FROM idem_claim.fingerprint THEN
@@ -719,13 +1232,15 @@ BEGIN
                 EXIT rounds;
             END IF;
 
-            -- The owner's lease ended: take the claim over, fenced on the token read.
+            -- The owner's lease ended: take the claim over, fenced on the token read. Claims
+            -- in flight are in the claims' partition: the partition key says so.
             new_token := coalesce(idem_claim.token, gen_random_uuid());
             new_expires := greatest(rec.expires_at, expires);
             UPDATE idempotency.keys AS k
                SET token = new_token, attempts = rec.attempts + 1, locked_until = lease_end,
                    updated_at = now_, expires_at = new_expires
-             WHERE k.scope = idem_claim.scope AND k.key = idem_claim.key
+             WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+               AND k.scope = idem_claim.scope AND k.key = idem_claim.key
                AND k.token = rec.token AND k.status = 'in_progress'
                AND k.locked_until <= now_ AND k.expires_at > now_
             RETURNING k.recovery_point, k.recovery_data INTO taken;
@@ -741,8 +1256,7 @@ BEGIN
                 USING ERRCODE = '40001', HINT = 'Retry the transaction.';
         END IF;
 
-        EXIT waiting WHEN answer.outcome <> 'in_progress' OR wait IS NULL OR wait = interval '0'
-                       OR current_setting('transaction_isolation') IN ('repeatable read', 'serializable');
+        EXIT waiting WHEN answer.outcome <> 'in_progress' OR wait IS NULL OR wait = interval '0' OR snapshot_kept;
         IF wait_until IS NULL THEN
             wait_started := clock_timestamp();
             wait_until := wait_started + idempotency.portable_seconds(wait) * interval '1 second';
@@ -763,7 +1277,39 @@ $$;
 
 -- ---------------------------------------------------------------------------------------
 -- idem_complete, idem_checkpoint and idem_release: one statement fenced on the token;
--- when it touches no row, a read says why.
+-- when it touches no row, a read says why. Claims in flight live in their own partition
+-- (keys_claims, sql/bootstrap.sql): each statement names the partition key, so that the
+-- planner reads only that one.
+
+-- Why a statement fenced on `token` touched no claim of (scope, key), from the record as a
+-- read finds it now (after the write: a fresh snapshot), the 0.5.0 table included while it is
+-- there: IK001 (no live record), IK003 (completed by this token) or IK002 (another owner).
+CREATE FUNCTION idempotency.portable_not_owned(scope text, key text, token uuid, now_ timestamptz) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    rec record;
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'keys_legacy') THEN
+        SELECT r.token, r.status, r.expires_at INTO rec
+          FROM (SELECT k.token, k.status, k.expires_at FROM idempotency.keys AS k
+                 WHERE k.scope = portable_not_owned.scope AND k.key = portable_not_owned.key
+                UNION ALL
+                SELECT l.token, l.status, l.expires_at FROM idempotency.keys_legacy AS l
+                 WHERE l.scope = portable_not_owned.scope AND l.key = portable_not_owned.key) AS r
+         ORDER BY r.expires_at DESC LIMIT 1;
+    ELSE
+        SELECT k.token, k.status, k.expires_at INTO rec
+          FROM idempotency.keys AS k WHERE k.scope = portable_not_owned.scope AND k.key = portable_not_owned.key
+         ORDER BY k.expires_at DESC LIMIT 1;
+    END IF;
+    RETURN CASE WHEN NOT FOUND OR rec.expires_at <= now_ THEN 'IK001'
+                WHEN rec.token = portable_not_owned.token AND rec.status = 'completed' THEN 'IK003'
+                ELSE 'IK002' END;
+END
+$$;
 
 CREATE FUNCTION idempotency.idem_complete(
     scope text,
@@ -783,7 +1329,6 @@ DECLARE
     size bigint;
     size_limit bigint;
     n bigint;
-    rec record;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
@@ -820,24 +1365,35 @@ BEGIN
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
 
-    UPDATE idempotency.keys AS k
-       SET status = 'completed', locked_until = NULL, response_status = idem_complete.response_status,
-           response_headers = idem_complete.response_headers, response_body = idem_complete.response_body,
-           completed_at = now_, updated_at = now_
-     WHERE k.scope = idem_complete.scope AND k.key = idem_complete.key
-       AND k.token = idem_complete.token AND k.status = 'in_progress'
-       AND k.expires_at > now_;
+    -- The claim leaves the claims' partition and its completed record goes to the partition
+    -- of its expiry: one statement (a takeover that waited on the claim finds it gone and
+    -- reads again).
+    WITH claim AS (
+        DELETE FROM idempotency.keys AS k
+         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+           AND k.scope = idem_complete.scope AND k.key = idem_complete.key
+           AND k.token = idem_complete.token AND k.status = 'in_progress'
+           AND k.expires_at > now_
+        RETURNING k.scope, k.key, k.fingerprint, k.token, k.attempts, k.recovery_point, k.recovery_data,
+                  k.created_at, k.expires_at)
+    INSERT INTO idempotency.keys
+           (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point,
+            recovery_data, response_status, response_headers, response_body, created_at,
+            updated_at, completed_at, expires_at)
+    SELECT c.scope, c.key, c.fingerprint, 'completed', c.token, c.attempts, NULL, c.recovery_point,
+           c.recovery_data, idem_complete.response_status, idem_complete.response_headers,
+           idem_complete.response_body, c.created_at, now_, now_, c.expires_at
+      FROM claim AS c;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n = 1 THEN
         RETURN;
     END IF;
-    SELECT k.token, k.status, k.expires_at INTO rec
-      FROM idempotency.keys AS k WHERE k.scope = idem_complete.scope AND k.key = idem_complete.key;
-    IF NOT FOUND OR rec.expires_at <= now_ THEN
+    problem := idempotency.portable_not_owned(scope, key, token, now_);
+    IF problem = 'IK001' THEN
         RAISE EXCEPTION 'no live idempotency record for scope %, key %',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK001', DETAIL = 'The key was never claimed, was released, or its record expired.';
-    ELSIF rec.token = idem_complete.token AND rec.status = 'completed' THEN
+    ELSIF problem = 'IK003' THEN
         RAISE EXCEPTION 'idempotency record for scope %, key % is already completed',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK003',
@@ -872,7 +1428,6 @@ DECLARE
     lease_end timestamptz;
     lease_given boolean;
     n bigint;
-    rec record;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
@@ -913,7 +1468,8 @@ BEGIN
            locked_until = now_ + CASE WHEN NOT lease_given AND k.locked_until > k.updated_at
                                       THEN k.locked_until - k.updated_at ELSE lease END,
            updated_at = now_
-     WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
+     WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+       AND k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
        AND k.token = idem_checkpoint.token AND k.status = 'in_progress'
        AND k.expires_at > now_
     RETURNING k.locked_until INTO lease_end;
@@ -921,13 +1477,12 @@ BEGIN
     IF n = 1 THEN
         RETURN lease_end;
     END IF;
-    SELECT k.token, k.status, k.expires_at INTO rec
-      FROM idempotency.keys AS k WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key;
-    IF NOT FOUND OR rec.expires_at <= now_ THEN
+    problem := idempotency.portable_not_owned(scope, key, token, now_);
+    IF problem = 'IK001' THEN
         RAISE EXCEPTION 'no live idempotency record for scope %, key %',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK001', DETAIL = 'The key was never claimed, was released, or its record expired.';
-    ELSIF rec.token = idem_checkpoint.token AND rec.status = 'completed' THEN
+    ELSIF problem = 'IK003' THEN
         RAISE EXCEPTION 'idempotency record for scope %, key % is already completed',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK003',
@@ -964,7 +1519,8 @@ BEGIN
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
     DELETE FROM idempotency.keys AS k
-     WHERE k.scope = idem_release.scope AND k.key = idem_release.key
+     WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+       AND k.scope = idem_release.scope AND k.key = idem_release.key
        AND k.token = idem_release.token AND k.status = 'in_progress'
        AND k.expires_at > now();
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -972,7 +1528,8 @@ BEGIN
 END
 $$;
 
--- idem_lookup: the live record, read-only (no transaction id), so it works on a standby.
+-- idem_lookup: the live record, read-only (no transaction id), so it works on a standby;
+-- the 0.5.0 table is read too while it is there (0.6.0).
 CREATE FUNCTION idempotency.idem_lookup(scope text, key text)
 RETURNS SETOF idempotency.keys
 LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
@@ -986,6 +1543,15 @@ BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'keys_legacy') THEN
+        RETURN QUERY
+            SELECT k.* FROM idempotency.keys AS k
+             WHERE k.scope = idem_lookup.scope AND k.key = idem_lookup.key AND k.expires_at > now()
+            UNION ALL
+            SELECT l.* FROM idempotency.keys_legacy AS l
+             WHERE l.scope = idem_lookup.scope AND l.key = idem_lookup.key AND l.expires_at > now();
+        RETURN;
+    END IF;
     RETURN QUERY
         SELECT k.* FROM idempotency.keys AS k
          WHERE k.scope = idem_lookup.scope AND k.key = idem_lookup.key AND k.expires_at > now();
@@ -993,6 +1559,9 @@ END
 $$;
 
 -- idem_seen: a duplicate is answered from a read, with nothing written and no transaction id.
+-- 0.6.0: message ids live in time partitions (sql/bootstrap.sql) and in the 0.5.0 table while
+-- it is there; a new one is recorded under its lock (keylock.sql), after the expired record
+-- it replaces is deleted.
 CREATE FUNCTION idempotency.idem_seen(scope text, message_id text, ttl interval DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1003,7 +1572,9 @@ DECLARE
     problem text;
     now_ timestamptz := now();
     live_until timestamptz;
-    n bigint;
+    legacy boolean;
+    mask int;
+    lock_key int;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('message_id', message_id));
     IF problem IS NOT NULL THEN
@@ -1018,27 +1589,68 @@ BEGIN
         RAISE EXCEPTION 'idem_seen cannot run on a read-only server'
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
-    SELECT m.expires_at INTO live_until FROM idempotency.messages AS m
-     WHERE m.scope = idem_seen.scope AND m.message_id = idem_seen.message_id;
-    IF FOUND AND live_until > now_ THEN
-        RETURN false;
+    legacy := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'messages_legacy');
+    FOR round IN 1..2 LOOP
+        -- The id's latest record (a period about to be dropped may still hold an older one),
+        -- the 0.5.0 table included while it is there.
+        IF legacy THEN
+            SELECT max(r.expires_at) INTO live_until
+              FROM (SELECT m.expires_at FROM idempotency.messages AS m
+                     WHERE m.scope = idem_seen.scope AND m.message_id = idem_seen.message_id
+                    UNION ALL
+                    SELECT l.expires_at FROM idempotency.messages_legacy AS l
+                     WHERE l.scope = idem_seen.scope AND l.message_id = idem_seen.message_id) AS r;
+        ELSE
+            SELECT m.expires_at INTO live_until FROM idempotency.messages AS m
+             WHERE m.scope = idem_seen.scope AND m.message_id = idem_seen.message_id
+             ORDER BY m.expires_at DESC LIMIT 1;
+        END IF;
+        IF live_until > now_ THEN
+            RETURN false;
+        END IF;
+        EXIT WHEN round = 2;
+        -- Seen for the first time (or only expired): recorded under the id's lock (keylock.sql),
+        -- after a second read (a fresh snapshot under READ COMMITTED), so that a delivery
+        -- that waited for another transaction's sighting of the id answers false once that
+        -- one committed.
+        mask := idempotency.portable_lock_mask();
+        IF mask IS NULL THEN
+            problem := idempotency.portable_lock_mask_error();
+            RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
+        END IF;
+        lock_key := hashtext((idem_seen.scope || chr(1) || idem_seen.message_id) COLLATE "C") & mask;
+        IF NOT pg_try_advisory_xact_lock(7650, lock_key) THEN
+            -- Row-level security: the INSERT policy answers before any wait (keylock.sql).
+            IF row_security_active('idempotency.messages') THEN
+                PERFORM idempotency.portable_trial_messages(idem_seen.scope, ARRAY[idem_seen.message_id],
+                                                            now_, now_ + ttl);
+            END IF;
+            PERFORM pg_advisory_xact_lock(7650, lock_key);
+        END IF;
+        IF current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+            -- The snapshot cannot show an id recorded after it: 40001 if there is one.
+            PERFORM idempotency.portable_check_messages(idem_seen.scope, ARRAY[idem_seen.message_id]);
+            EXIT;
+        END IF;
+    END LOOP;
+    IF live_until IS NOT NULL THEN
+        DELETE FROM idempotency.messages AS m
+         WHERE m.scope = idem_seen.scope AND m.message_id = idem_seen.message_id AND m.expires_at <= now_;
+        IF legacy THEN
+            DELETE FROM idempotency.messages_legacy AS l
+             WHERE l.scope = idem_seen.scope AND l.message_id = idem_seen.message_id AND l.expires_at <= now_;
+        END IF;
     END IF;
-    -- Behind another open transaction's insert of the same id this waits on the unique
-    -- index, then touches nothing if that transaction committed.
-    INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at)
-    VALUES (idem_seen.scope, idem_seen.message_id, now_, now_ + ttl)
-    ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = now_, expires_at = now_ + ttl
-     WHERE m.expires_at <= now_;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n = 1;
+    INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
+    VALUES (idem_seen.scope, idem_seen.message_id, now_, now_ + ttl);
+    RETURN true;
 END
 $$;
 
 -- idem_seen_many (0.4.0): idem_seen for a batch, in one call. A batch of duplicates is
 -- answered from one read (nothing written, no transaction id). The new ids are recorded by
--- one INSERT in byte order: two batches that share ids lock them in the same order, so one
--- waits for the other instead of deadlocking. Element i is true when message_ids[i] was
--- recorded now and is its first occurrence in the batch.
+-- one INSERT, under their locks (0.6.0). Element i is true when message_ids[i] was recorded
+-- now and is its first occurrence in the batch.
 CREATE FUNCTION idempotency.idem_seen_many(scope text, message_ids text[], ttl interval DEFAULT NULL)
 RETURNS boolean[]
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1052,6 +1664,13 @@ DECLARE
     unseen text[];
     recorded text[];
     answer boolean[];
+    legacy boolean;
+    snapshot_kept boolean;
+    expired boolean;
+    mask int;
+    lock_keys int[];
+    lock_key int;
+    free int;
 BEGIN
     problem := idempotency.portable_key_error('scope', scope);
     IF problem IS NOT NULL THEN
@@ -1091,24 +1710,78 @@ BEGIN
         RETURN '{}'::boolean[];
     END IF;
 
-    -- The distinct ids not live in the log, in byte order. OFFSET 0 keeps the look-up one
-    -- index look-up per id (0.4.1): as a join it could be planned as a hash anti join that
-    -- reads the whole scope, while the statistics still said the scope was small.
-    SELECT array_agg(d.id ORDER BY d.id COLLATE "C") INTO unseen
-      FROM (SELECT DISTINCT u.id FROM unnest(message_ids) AS u(id)) AS d
-     WHERE NOT EXISTS (SELECT FROM idempotency.messages AS m
-                        WHERE m.scope = idem_seen_many.scope AND m.message_id = d.id AND m.expires_at > now_ OFFSET 0);
+    legacy := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'messages_legacy');
+    snapshot_kept := current_setting('transaction_isolation') IN ('repeatable read', 'serializable');
+    FOR round IN 1..2 LOOP
+        -- The distinct ids not live in the log (the 0.5.0 table included while it is there),
+        -- and whether any of them has an expired record. Each id's latest expiry is a scalar
+        -- subquery (one primary-key look-up per id and partition): a join with the array
+        -- could be planned as a hash anti join that reads the whole scope, while the
+        -- statistics still said the scope was small (0.4.1).
+        IF legacy THEN
+            SELECT array_agg(d.id), bool_or(d.latest IS NOT NULL) INTO unseen, expired
+              FROM (SELECT u.id,
+                           greatest((SELECT max(m.expires_at) FROM idempotency.messages AS m
+                                      WHERE m.scope = idem_seen_many.scope AND m.message_id = u.id),
+                                    (SELECT max(l.expires_at) FROM idempotency.messages_legacy AS l
+                                      WHERE l.scope = idem_seen_many.scope AND l.message_id = u.id)) AS latest
+                      FROM (SELECT DISTINCT x.id FROM unnest(coalesce(unseen, message_ids)) AS x(id)) AS u) AS d
+             WHERE d.latest IS NULL OR d.latest <= now_;
+        ELSE
+            SELECT array_agg(d.id), bool_or(d.latest IS NOT NULL) INTO unseen, expired
+              FROM (SELECT u.id,
+                           (SELECT max(m.expires_at) FROM idempotency.messages AS m
+                             WHERE m.scope = idem_seen_many.scope AND m.message_id = u.id) AS latest
+                      FROM (SELECT DISTINCT x.id FROM unnest(coalesce(unseen, message_ids)) AS x(id)) AS u) AS d
+             WHERE d.latest IS NULL OR d.latest <= now_;
+        END IF;
+        EXIT WHEN unseen IS NULL OR round = 2;
+        -- The new ids are recorded under their locks (keylock.sql), taken in the order of the
+        -- locks, so that two batches that share ids wait for each other instead of
+        -- deadlocking: those free now at once, then (after the policy's answer where
+        -- row-level security applies) the rest, waiting for each in turn. Then they are read
+        -- again (a fresh snapshot under READ COMMITTED): an id that another transaction
+        -- recorded meanwhile is not new. A batch holds one lock per new id until its
+        -- transaction ends.
+        mask := idempotency.portable_lock_mask();
+        IF mask IS NULL THEN
+            problem := idempotency.portable_lock_mask_error();
+            RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
+        END IF;
+        SELECT array_agg(l.h ORDER BY l.h) INTO lock_keys
+          FROM (SELECT DISTINCT hashtext((idem_seen_many.scope || chr(1) || u.id) COLLATE "C") & mask AS h
+                  FROM unnest(unseen) AS u(id)) AS l;
+        free := 0;
+        FOREACH lock_key IN ARRAY lock_keys LOOP
+            EXIT WHEN NOT pg_try_advisory_xact_lock(7650, lock_key);
+            free := free + 1;
+        END LOOP;
+        IF free < cardinality(lock_keys) THEN
+            IF row_security_active('idempotency.messages') THEN
+                PERFORM idempotency.portable_trial_messages(idem_seen_many.scope, unseen, now_, now_ + ttl);
+            END IF;
+            PERFORM pg_advisory_xact_lock(7650, l.h)
+               FROM unnest(lock_keys[free + 1:]) WITH ORDINALITY AS l(h, i) ORDER BY l.i;
+        END IF;
+        IF snapshot_kept THEN
+            -- The snapshot cannot show an id recorded after it: 40001 if there is one.
+            PERFORM idempotency.portable_check_messages(idem_seen_many.scope, unseen);
+            EXIT;
+        END IF;
+    END LOOP;
     IF unseen IS NOT NULL THEN
-        -- Behind another open transaction's insert of the same id this waits on the unique
-        -- index; an id that transaction recorded is not returned.
-        WITH ins AS (
-            INSERT INTO idempotency.messages AS m (scope, message_id, seen_at, expires_at)
-            SELECT idem_seen_many.scope, u.id, now_, now_ + ttl FROM unnest(unseen) AS u(id)
-            ON CONFLICT (scope, message_id) DO UPDATE SET seen_at = now_, expires_at = now_ + ttl
-             WHERE m.expires_at <= now_
-            RETURNING m.message_id)
-        SELECT array_agg(ins.message_id) INTO recorded FROM ins;
+        IF expired THEN
+            DELETE FROM idempotency.messages AS m
+             WHERE m.scope = idem_seen_many.scope AND m.message_id = ANY (unseen) AND m.expires_at <= now_;
+            IF legacy THEN
+                DELETE FROM idempotency.messages_legacy AS l
+                 WHERE l.scope = idem_seen_many.scope AND l.message_id = ANY (unseen) AND l.expires_at <= now_;
+            END IF;
+        END IF;
+        INSERT INTO idempotency.messages (scope, message_id, seen_at, expires_at)
+        SELECT idem_seen_many.scope, u.id, now_, now_ + ttl FROM unnest(unseen) AS u(id);
     END IF;
+    recorded := unseen;
     SELECT array_agg(r.id IS NOT NULL AND u.first ORDER BY u.i) INTO answer
       FROM (SELECT x.id, x.i, row_number() OVER (PARTITION BY x.id ORDER BY x.i) = 1 AS first
               FROM unnest(message_ids) WITH ORDINALITY AS x(id, i)) AS u
@@ -1138,10 +1811,21 @@ BEGIN
 END
 $$;
 
--- Deletes expired records. With idempotency.tombstone_ttl on (0.4.0), within the same
--- budget: records expired longer ago than tombstone_ttl (tombstones past their end) are
--- deleted, claims that expired in_progress are deleted (they leave no tombstone), and
--- completed records that expired become tombstones (response and checkpoint dropped).
+-- Deletes expired records; with idempotency.tombstone_ttl on (0.4.0), turns expired
+-- completed records into tombstones and deletes tombstones past their end. Returns the rows
+-- it changed.
+--
+-- 0.6.0 (docs/operations.md#partitions): row by row only what the periods do not hold: the
+-- claims in flight (keys_claims), the records past the periods (keys_far, messages_far:
+-- each statement names the partition key and the span of the periods, so that the planner
+-- reads only those partitions), and the tables of a 0.5.0 install while they are there. Each
+-- step picks at most what is left of the budget, then changes exactly those rows if they
+-- are still past the cut-off; the budget spent, it stops. Then, within the budget, it moves
+-- live records of the 0.5.0 tables into the partitions, sweeps the sending side, and last
+-- makes and drops the periods (sql/partitions.sql). The native edition does that last step
+-- only outside a transaction block (ATTACH and DROP hold their locks until COMMIT); PL/pgSQL
+-- cannot tell whether it runs in one, so this edition always does it (docs/portable.md):
+-- run idem_sweep in a transaction of its own, as pg_cron and idem_sweep_all do.
 CREATE FUNCTION idempotency.idem_sweep(max_rows int DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -1150,8 +1834,16 @@ AS $$
 DECLARE
     problem text;
     now_ timestamptz := now();
+    kept timestamptz;
     dist record;
     tombstone_ttl interval;
+    legacy_keys boolean := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'keys_legacy');
+    legacy_messages boolean := EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'messages_legacy');
+    keys_lo timestamptz;
+    keys_hi timestamptz;
+    messages_lo timestamptz;
+    messages_hi timestamptz;
+    steps text[];
     step text;
     scopes text[];
     ids text[];
@@ -1172,68 +1864,112 @@ BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = left(problem, 5), MESSAGE = substr(problem, 7);
     END IF;
+    kept := now_ - coalesce(tombstone_ttl, interval '0');
     dist := idempotency.portable_distributed();
+    -- The span of each table's periods (the earliest lower and the latest upper bound;
+    -- 'infinity' for both when there is none): what keeps a sweep of the far partition out
+    -- of them.
+    SELECT coalesce(min(b.lower_bound), 'infinity'), coalesce(max(b.upper_bound), 'infinity')
+      INTO keys_lo, keys_hi
+      FROM idempotency.partition_bounds('idempotency.keys') AS b
+     WHERE NOT b.is_default AND b.lower_bound IS NOT NULL;
+    SELECT coalesce(min(b.lower_bound), 'infinity'), coalesce(max(b.upper_bound), 'infinity')
+      INTO messages_lo, messages_hi
+      FROM idempotency.partition_bounds('idempotency.messages') AS b
+     WHERE NOT b.is_default AND b.lower_bound IS NOT NULL;
 
-    -- Each step picks at most what is left of the budget, then changes exactly those rows
-    -- if they are still past the cut-off.
-    FOREACH step IN ARRAY CASE WHEN tombstone_ttl IS NULL THEN ARRAY['delete']
-                               ELSE ARRAY['delete', 'expired claims', 'tombstones'] END LOOP
-        EXIT WHEN swept >= max_rows;
+    -- Claims leave no tombstone; past the periods, tombstones are deleted once they end,
+    -- completed records dropping their response (and checkpoint) when they expire.
+    steps := ARRAY['claims', 'far'];
+    IF tombstone_ttl IS NOT NULL THEN
+        steps := steps || 'tombstones'::text;
+    END IF;
+    IF legacy_keys THEN
+        steps := steps || 'legacy'::text;
+        IF tombstone_ttl IS NOT NULL THEN
+            steps := steps || 'legacy tombstones'::text;
+        END IF;
+    END IF;
+    steps := steps || 'messages'::text;
+    IF legacy_messages THEN
+        steps := steps || 'legacy messages'::text;
+    END IF;
+    FOREACH step IN ARRAY steps LOOP
+        IF swept >= max_rows THEN
+            RETURN swept;
+        END IF;
         scopes := NULL;
-        IF step = 'delete' THEN
+        IF step = 'claims' THEN
             IF dist.keys THEN
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE k.expires_at <= now_ - coalesce(tombstone_ttl, interval '0')
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+                           AND k.expires_at <= now_
                          ORDER BY k.expires_at LIMIT max_rows - swept) AS p;
             ELSE
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE k.expires_at <= now_ - coalesce(tombstone_ttl, interval '0')
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+                           AND k.expires_at <= now_
                          ORDER BY k.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
             END IF;
             IF scopes IS NOT NULL THEN
                 DELETE FROM idempotency.keys AS t
                  USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
                  WHERE (NOT dist.keys OR t.scope = ANY (scopes))
-                   AND t.scope = picked.scope AND t.key = picked.id
-                   AND t.expires_at <= now_ - coalesce(tombstone_ttl, interval '0');
+                   AND (CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+                   AND t.scope = picked.scope AND t.key = picked.id AND t.expires_at <= now_;
                 GET DIAGNOSTICS n = ROW_COUNT;
                 swept := swept + n;
             END IF;
-        ELSIF step = 'expired claims' THEN
+        ELSIF step = 'far' THEN
             IF dist.keys THEN
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE k.status = 'in_progress' AND k.locked_until IS NOT NULL AND k.expires_at <= now_
-                         ORDER BY k.locked_until LIMIT max_rows - swept) AS p;
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                           AND ((CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                                OR (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
+                           AND k.expires_at <= kept
+                         ORDER BY k.expires_at LIMIT max_rows - swept) AS p;
             ELSE
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE k.status = 'in_progress' AND k.locked_until IS NOT NULL AND k.expires_at <= now_
-                         ORDER BY k.locked_until LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                           AND ((CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                                OR (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
+                           AND k.expires_at <= kept
+                         ORDER BY k.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
             END IF;
             IF scopes IS NOT NULL THEN
                 DELETE FROM idempotency.keys AS t
                  USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
                  WHERE (NOT dist.keys OR t.scope = ANY (scopes))
-                   AND t.scope = picked.scope AND t.key = picked.id
-                   AND t.status = 'in_progress' AND t.expires_at <= now_;
+                   AND (CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                   AND ((CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                        OR (CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
+                   AND t.scope = picked.scope AND t.key = picked.id AND t.expires_at <= kept;
                 GET DIAGNOSTICS n = ROW_COUNT;
                 swept := swept + n;
             END IF;
-        ELSE
+        ELSIF step = 'tombstones' THEN
             -- Through keys_responses_idx (its predicate spelled the same): the tombstones
-            -- already made are not stepped over.
+            -- already made are not stepped over. (A period keeps its responses until it is
+            -- dropped; its records answer expired without them.)
             IF dist.keys THEN
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE (k.response_body IS NOT NULL OR k.response_headers IS NOT NULL) AND k.expires_at <= now_
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                           AND ((CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                                OR (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
+                           AND (k.response_body IS NOT NULL OR k.response_headers IS NOT NULL) AND k.expires_at <= now_
                          ORDER BY k.expires_at LIMIT max_rows - swept) AS p;
             ELSE
                 SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
                   FROM (SELECT k.scope, k.key FROM idempotency.keys AS k
-                         WHERE (k.response_body IS NOT NULL OR k.response_headers IS NOT NULL) AND k.expires_at <= now_
+                         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                           AND ((CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                                OR (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
+                           AND (k.response_body IS NOT NULL OR k.response_headers IS NOT NULL) AND k.expires_at <= now_
                          ORDER BY k.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
             END IF;
             IF scopes IS NOT NULL THEN
@@ -1241,36 +1977,109 @@ BEGIN
                    SET response_body = NULL, response_headers = NULL, recovery_point = NULL, recovery_data = NULL
                   FROM ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
                  WHERE (NOT dist.keys OR t.scope = ANY (scopes))
+                   AND (CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) >= '1970-01-01 00:00:00+00'::timestamptz
+                   AND ((CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) < keys_lo
+                        OR (CASE WHEN t.status = 'completed' THEN t.expires_at ELSE '-infinity'::timestamptz END) >= keys_hi)
                    AND t.scope = picked.scope AND t.key = picked.id
                    AND t.status = 'completed' AND t.expires_at <= now_;
                 GET DIAGNOSTICS n = ROW_COUNT;
                 swept := swept + n;
             END IF;
+        ELSIF step = 'legacy' THEN
+            -- The 0.5.0 table (never distributed: the update leaves a distributed table as it is).
+            SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
+              FROM (SELECT l.scope, l.key FROM idempotency.keys_legacy AS l WHERE l.expires_at <= kept
+                     ORDER BY l.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
+            IF scopes IS NOT NULL THEN
+                DELETE FROM idempotency.keys_legacy AS t
+                 USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
+                 WHERE t.scope = picked.scope AND t.key = picked.id AND t.expires_at <= kept;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                swept := swept + n;
+            END IF;
+        ELSIF step = 'legacy tombstones' THEN
+            SELECT array_agg(p.scope), array_agg(p.key) INTO scopes, ids
+              FROM (SELECT l.scope, l.key FROM idempotency.keys_legacy AS l
+                     WHERE (l.response_body IS NOT NULL OR l.response_headers IS NOT NULL) AND l.expires_at <= now_
+                     ORDER BY l.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
+            IF scopes IS NOT NULL THEN
+                UPDATE idempotency.keys_legacy AS t
+                   SET response_body = NULL, response_headers = NULL, recovery_point = NULL, recovery_data = NULL
+                  FROM ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
+                 WHERE t.scope = picked.scope AND t.key = picked.id
+                   AND t.status = 'completed' AND t.expires_at <= now_;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                swept := swept + n;
+            END IF;
+        ELSIF step = 'messages' THEN
+            IF dist.messages THEN
+                SELECT array_agg(p.scope), array_agg(p.message_id) INTO scopes, ids
+                  FROM (SELECT m.scope, m.message_id FROM idempotency.messages AS m
+                         WHERE (m.expires_at < messages_lo OR m.expires_at >= messages_hi) AND m.expires_at <= now_
+                         ORDER BY m.expires_at LIMIT max_rows - swept) AS p;
+            ELSE
+                SELECT array_agg(p.scope), array_agg(p.message_id) INTO scopes, ids
+                  FROM (SELECT m.scope, m.message_id FROM idempotency.messages AS m
+                         WHERE (m.expires_at < messages_lo OR m.expires_at >= messages_hi) AND m.expires_at <= now_
+                         ORDER BY m.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
+            END IF;
+            IF scopes IS NOT NULL THEN
+                DELETE FROM idempotency.messages AS t
+                 USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
+                 WHERE (NOT dist.messages OR t.scope = ANY (scopes))
+                   AND (t.expires_at < messages_lo OR t.expires_at >= messages_hi)
+                   AND t.scope = picked.scope AND t.message_id = picked.id AND t.expires_at <= now_;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                swept := swept + n;
+            END IF;
+        ELSE -- 'legacy messages'
+            SELECT array_agg(p.scope), array_agg(p.message_id) INTO scopes, ids
+              FROM (SELECT l.scope, l.message_id FROM idempotency.messages_legacy AS l WHERE l.expires_at <= now_
+                     ORDER BY l.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
+            IF scopes IS NOT NULL THEN
+                DELETE FROM idempotency.messages_legacy AS t
+                 USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
+                 WHERE t.scope = picked.scope AND t.message_id = picked.id AND t.expires_at <= now_;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                swept := swept + n;
+            END IF;
         END IF;
     END LOOP;
-    IF swept >= max_rows THEN
-        RETURN swept;
-    END IF;
 
-    scopes := NULL;
-    IF dist.messages THEN
-        SELECT array_agg(p.scope), array_agg(p.message_id) INTO scopes, ids
-          FROM (SELECT m.scope, m.message_id FROM idempotency.messages AS m WHERE m.expires_at <= now_
-                 ORDER BY m.expires_at LIMIT max_rows - swept) AS p;
-    ELSE
-        SELECT array_agg(p.scope), array_agg(p.message_id) INTO scopes, ids
-          FROM (SELECT m.scope, m.message_id FROM idempotency.messages AS m WHERE m.expires_at <= now_
-                 ORDER BY m.expires_at LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS p;
-    END IF;
-    IF scopes IS NOT NULL THEN
-        DELETE FROM idempotency.messages AS t
-         USING ROWS FROM (unnest(scopes), unnest(ids)) AS picked(scope, id)
-         WHERE (NOT dist.messages OR t.scope = ANY (scopes))
-           AND t.scope = picked.scope AND t.message_id = picked.id AND t.expires_at <= now_;
+    -- A 0.5.0 install: live records move from the tables they were kept in into the
+    -- partitions, latest expiry first, within what is left of the budget (not counted in
+    -- it). Expired ones are only deleted (above): a claim may be replacing one. A live record
+    -- is never replaced, so moving it needs no key lock; a read sees it in one table or the
+    -- other.
+    IF legacy_keys AND swept < max_rows THEN
+        WITH moved AS (
+            DELETE FROM idempotency.keys_legacy AS l
+             USING (SELECT p.scope, p.key FROM idempotency.keys_legacy AS p WHERE p.expires_at > now_
+                     ORDER BY p.expires_at DESC LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS picked
+             WHERE l.scope = picked.scope AND l.key = picked.key AND l.expires_at > now_
+            RETURNING l.*)
+        INSERT INTO idempotency.keys SELECT * FROM moved;
         GET DIAGNOSTICS n = ROW_COUNT;
-        swept := swept + n;
+        IF n > 0 THEN
+            RAISE NOTICE 'idem_sweep: moved % live records from idempotency.keys_legacy into the partitions', n;
+        END IF;
     END IF;
-    RETURN swept + idempotency.send_sweep(max_rows - swept);
+    IF legacy_messages AND swept < max_rows THEN
+        WITH moved AS (
+            DELETE FROM idempotency.messages_legacy AS l
+             USING (SELECT p.scope, p.message_id FROM idempotency.messages_legacy AS p WHERE p.expires_at > now_
+                     ORDER BY p.expires_at DESC LIMIT max_rows - swept FOR UPDATE SKIP LOCKED) AS picked
+             WHERE l.scope = picked.scope AND l.message_id = picked.message_id AND l.expires_at > now_
+            RETURNING l.*)
+        INSERT INTO idempotency.messages SELECT * FROM moved;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        IF n > 0 THEN
+            RAISE NOTICE 'idem_sweep: moved % live records from idempotency.messages_legacy into the partitions', n;
+        END IF;
+    END IF;
+    swept := swept + idempotency.send_sweep(max_rows - swept);
+    PERFORM count(*) FROM idempotency.partitions_maintain();
+    RETURN swept;
 END
 $$;
 
@@ -1313,14 +2122,17 @@ BEGIN
 
     FOR stale IN
         SELECT s.scope, s.key, s.token, s.attempts FROM idempotency.keys AS s
-         WHERE s.status = 'in_progress' AND s.locked_until <= now_ AND s.expires_at > now_
+         WHERE (CASE WHEN s.status = 'completed' THEN s.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+           AND s.status = 'in_progress' AND s.locked_until <= now_ AND s.expires_at > now_
          ORDER BY s.locked_until LIMIT max_rows
            FOR UPDATE SKIP LOCKED
     LOOP
         -- Each is fenced again: nothing changes when a claim took the row over meanwhile.
+        -- Claims in flight are in the claims' partition: the partition key says so.
         IF release THEN
             DELETE FROM idempotency.keys AS k
-             WHERE k.scope = stale.scope AND k.key = stale.key AND k.token = stale.token
+             WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+               AND k.scope = stale.scope AND k.key = stale.key AND k.token = stale.token
                AND k.status = 'in_progress' AND k.locked_until <= now_ AND k.expires_at > now_
             RETURNING k.recovery_point, k.recovery_data INTO changed;
             new_token := stale.token;
@@ -1328,7 +2140,8 @@ BEGIN
             new_token := gen_random_uuid();
             UPDATE idempotency.keys AS k
                SET token = new_token, attempts = stale.attempts + 1, locked_until = lease_end, updated_at = now_
-             WHERE k.scope = stale.scope AND k.key = stale.key AND k.token = stale.token
+             WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+               AND k.scope = stale.scope AND k.key = stale.key AND k.token = stale.token
                AND k.status = 'in_progress' AND k.locked_until <= now_ AND k.expires_at > now_
             RETURNING k.recovery_point, k.recovery_data INTO changed;
         END IF;
@@ -2059,21 +2872,41 @@ $$;
 CREATE VIEW idempotency.stats AS
 SELECT
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until IS NOT NULL
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until IS NOT NULL
         AND expires_at > now())                                                AS in_progress,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'completed' AND expires_at > now())                      AS completed,
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) > now()
+        AND status = 'completed' AND expires_at > now())                      AS completed,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until <= now()
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until <= now()
         AND expires_at > now())                                                AS stale,
-    (SELECT count(*) FROM idempotency.keys WHERE expires_at <= now())          AS expired,
+    (SELECT count(*) FROM idempotency.keys
+      WHERE ((CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+             OR (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END)
+                < (SELECT COALESCE(min(lower_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.keys')
+                    WHERE NOT is_default AND lower_bound IS NOT NULL)
+             OR (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END)
+                >= (SELECT COALESCE(max(upper_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.keys')
+                    WHERE NOT is_default AND lower_bound IS NOT NULL))
+        AND expires_at <= now())                                               AS expired,
     (SELECT now() - min(created_at) FROM idempotency.keys
-      WHERE status = 'in_progress' AND locked_until IS NOT NULL
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+        AND status = 'in_progress' AND locked_until IS NOT NULL
         AND expires_at > now())                                                AS oldest_in_progress_age,
     (SELECT count(*) FROM idempotency.messages WHERE expires_at > now())       AS messages,
-    (SELECT count(*) FROM idempotency.messages WHERE expires_at <= now())      AS expired_messages,
+    (SELECT count(*) FROM idempotency.messages
+      WHERE (expires_at < (SELECT COALESCE(min(lower_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.messages')
+                            WHERE NOT is_default AND lower_bound IS NOT NULL)
+             OR expires_at >= (SELECT COALESCE(max(upper_bound), 'infinity') FROM idempotency.partition_bounds('idempotency.messages')
+                               WHERE NOT is_default AND lower_bound IS NOT NULL))
+        AND expires_at <= now())                                               AS expired_messages,
     (SELECT count(*) FROM idempotency.keys
-      WHERE status = 'completed' AND expires_at <= now()
+      WHERE (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) <= now()
+        AND (CASE WHEN status = 'completed' THEN expires_at ELSE '-infinity'::timestamptz END) > now() - COALESCE(NULLIF(
+              pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval
+        AND status = 'completed' AND expires_at <= now()
         AND expires_at > now() - COALESCE(NULLIF(
               pg_catalog.current_setting('idempotency.tombstone_ttl', true), ''), '0')::interval) AS tombstones,
     (SELECT count(*) FROM idempotency.outbound WHERE state = 'pending')         AS outbound_pending,
@@ -2088,7 +2921,7 @@ SELECT
 
 COMMENT ON VIEW idempotency.stats IS
     'One row for monitoring: live records by status, stale claims (lease ended), expired rows '
-    'awaiting idem_sweep, the age of the oldest in_progress claim, and tombstones (expired '
+    'awaiting idem_sweep''s DELETE (claims, and records past the time partitions), the age of the oldest in_progress claim, and tombstones (expired '
     'completed records inside idempotency.tombstone_ttl; counted in expired too), the '
     'sending side''s idempotency.outbound rows by state, the sends due now (not yet handed to a '
     'sender), how long the oldest of them has been due, and when a send last gave up.';

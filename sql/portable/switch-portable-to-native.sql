@@ -16,7 +16,9 @@ DO $$ BEGIN RAISE EXCEPTION 'idempotency is installed as an extension here (nati
 \endif
 \ir switch/save.sql
 -- Drops the portable edition's objects, by name (not CASCADE: anything of yours that depends
--- on them makes this fail), and keeps the schema and its grants.
+-- on them makes this fail), and keeps the schema and its grants. The views first: they read
+-- partition_bounds(). Dropping keys and messages drops their partitions (the periods too).
+DROP VIEW idempotency.stats, idempotency.partitions;
 DO $$
 DECLARE
     fn record;
@@ -28,16 +30,16 @@ BEGIN
            AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_claim', 'idem_complete', 'idem_checkpoint',
                     'idem_release', 'idem_lookup', 'idem_seen', 'idem_seen_many', 'idem_sweep', 'idem_reclaim_stale',
                     'idem_fingerprint', 'idem_sweep_all', 'schedule_maintenance', 'distribute', 'idem_send',
-                    'idem_send_next', 'idem_send_result'])
-                OR p.proname OPERATOR(pg_catalog.~) '^(portable|send)_')
+                    'idem_send_next', 'idem_send_result', 'legacy_drop_when_empty'])
+                OR p.proname OPERATOR(pg_catalog.~) '^(portable|send|partitions?)_')
     LOOP
         EXECUTE pg_catalog.format('DROP %s %s', CASE WHEN fn.prokind OPERATOR(pg_catalog.=) 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, fn.signature);
     END LOOP;
 END
 $$;
-DROP VIEW idempotency.stats;
 DROP TYPE idempotency.claim_result;
 DROP TABLE idempotency.keys, idempotency.messages, idempotency.outbound, idempotency.outbound_budget;
+DROP TABLE IF EXISTS idempotency.keys_legacy, idempotency.messages_legacy;
 -- The release whose table and functions the portable edition has (0.6.0: a portable install
 -- at an older release runs its upgrade files first); ALTER EXTENSION idempotency UPDATE
 -- afterwards moves on to the newest.

@@ -23,7 +23,10 @@ SELECT 'claim_result|' || string_agg(a.attname || ' ' || format_type(a.atttypid,
   FROM pg_attribute a WHERE a.attrelid = 'idempotency.claim_result'::regclass AND a.attnum > 0;
 SELECT 'keys|' || string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum)
   FROM pg_attribute a WHERE a.attrelid = 'idempotency.keys'::regclass AND a.attnum > 0 AND NOT a.attisdropped;
-SELECT 'storage|' || array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'idempotency.keys'::regclass;
+-- Storage settings: the tables' own (since 0.6.0 keys and messages are partitioned and keep
+-- theirs on their partitions).
+SELECT 'storage|' || string_agg(c.relname || ' ' || array_to_string(c.reloptions, ','), '; ' ORDER BY c.relname)
+  FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.reloptions IS NOT NULL;
 SELECT 'stats|' || string_agg(a.attname, ', ' ORDER BY a.attnum)
   FROM pg_attribute a WHERE a.attrelid = 'idempotency.stats'::regclass AND a.attnum > 0;
 SELECT 'defaults|' || string_agg(p.proname || ': ' || coalesce(pg_get_expr(p.proargdefaults, 0), '-'), '; ' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))

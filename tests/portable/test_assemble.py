@@ -133,7 +133,8 @@ class Assemble(unittest.TestCase):
 class Repository(unittest.TestCase):
     def test_the_shared_ddl_is_what_the_native_build_reads(self):
         self.assertEqual(ap.shared_ddl_files(),
-                         ["sql/bootstrap.sql", "sql/citus.sql", "sql/finalize.sql", "sql/send.sql"])
+                         ["sql/bootstrap.sql", "sql/citus.sql", "sql/finalize.sql", "sql/partitions.sql",
+                          "sql/send.sql"])
 
     def test_the_version_is_cargo_tomls(self):
         cargo = (ROOT / "Cargo.toml").read_text()

@@ -158,6 +158,8 @@ else
             path+=" -> $at"
         done
         [ "$at" = "$current" ] || continue
+        # As for the native edition: idem_sweep moves the 0.5.0 tables' records and drops them.
+        q -d "$db" -c "SELECT idempotency.idem_sweep()" -c "SELECT idempotency.idem_sweep()" >/dev/null
         check "portable upgrade $path matches a fresh install" "$pfresh" "$(describe "$db")"
         check "portable upgrade $path keeps the data" "in_progress" \
             "$(q -d "$db" -c "SELECT outcome FROM idempotency.idem_claim('upgrade', 'kept')")"

@@ -1,6 +1,38 @@
 -- ---------------------------------------------------------------------------------------
 -- idem_complete, idem_checkpoint and idem_release: one statement fenced on the token;
--- when it touches no row, a read says why.
+-- when it touches no row, a read says why. Claims in flight live in their own partition
+-- (keys_claims, sql/bootstrap.sql): each statement names the partition key, so that the
+-- planner reads only that one.
+
+-- Why a statement fenced on `token` touched no claim of (scope, key), from the record as a
+-- read finds it now (after the write: a fresh snapshot), the 0.5.0 table included while it is
+-- there: IK001 (no live record), IK003 (completed by this token) or IK002 (another owner).
+CREATE FUNCTION idempotency.portable_not_owned(scope text, key text, token uuid, now_ timestamptz) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    rec record;
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'idempotency'::pg_catalog.regnamespace AND c.relname = 'keys_legacy') THEN
+        SELECT r.token, r.status, r.expires_at INTO rec
+          FROM (SELECT k.token, k.status, k.expires_at FROM idempotency.keys AS k
+                 WHERE k.scope = portable_not_owned.scope AND k.key = portable_not_owned.key
+                UNION ALL
+                SELECT l.token, l.status, l.expires_at FROM idempotency.keys_legacy AS l
+                 WHERE l.scope = portable_not_owned.scope AND l.key = portable_not_owned.key) AS r
+         ORDER BY r.expires_at DESC LIMIT 1;
+    ELSE
+        SELECT k.token, k.status, k.expires_at INTO rec
+          FROM idempotency.keys AS k WHERE k.scope = portable_not_owned.scope AND k.key = portable_not_owned.key
+         ORDER BY k.expires_at DESC LIMIT 1;
+    END IF;
+    RETURN CASE WHEN NOT FOUND OR rec.expires_at <= now_ THEN 'IK001'
+                WHEN rec.token = portable_not_owned.token AND rec.status = 'completed' THEN 'IK003'
+                ELSE 'IK002' END;
+END
+$$;
 
 CREATE FUNCTION idempotency.idem_complete(
     scope text,
@@ -20,7 +52,6 @@ DECLARE
     size bigint;
     size_limit bigint;
     n bigint;
-    rec record;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
@@ -57,24 +88,35 @@ BEGIN
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
 
-    UPDATE idempotency.keys AS k
-       SET status = 'completed', locked_until = NULL, response_status = idem_complete.response_status,
-           response_headers = idem_complete.response_headers, response_body = idem_complete.response_body,
-           completed_at = now_, updated_at = now_
-     WHERE k.scope = idem_complete.scope AND k.key = idem_complete.key
-       AND k.token = idem_complete.token AND k.status = 'in_progress'
-       AND k.expires_at > now_;
+    -- The claim leaves the claims' partition and its completed record goes to the partition
+    -- of its expiry: one statement (a takeover that waited on the claim finds it gone and
+    -- reads again).
+    WITH claim AS (
+        DELETE FROM idempotency.keys AS k
+         WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+           AND k.scope = idem_complete.scope AND k.key = idem_complete.key
+           AND k.token = idem_complete.token AND k.status = 'in_progress'
+           AND k.expires_at > now_
+        RETURNING k.scope, k.key, k.fingerprint, k.token, k.attempts, k.recovery_point, k.recovery_data,
+                  k.created_at, k.expires_at)
+    INSERT INTO idempotency.keys
+           (scope, key, fingerprint, status, token, attempts, locked_until, recovery_point,
+            recovery_data, response_status, response_headers, response_body, created_at,
+            updated_at, completed_at, expires_at)
+    SELECT c.scope, c.key, c.fingerprint, 'completed', c.token, c.attempts, NULL, c.recovery_point,
+           c.recovery_data, idem_complete.response_status, idem_complete.response_headers,
+           idem_complete.response_body, c.created_at, now_, now_, c.expires_at
+      FROM claim AS c;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n = 1 THEN
         RETURN;
     END IF;
-    SELECT k.token, k.status, k.expires_at INTO rec
-      FROM idempotency.keys AS k WHERE k.scope = idem_complete.scope AND k.key = idem_complete.key;
-    IF NOT FOUND OR rec.expires_at <= now_ THEN
+    problem := idempotency.portable_not_owned(scope, key, token, now_);
+    IF problem = 'IK001' THEN
         RAISE EXCEPTION 'no live idempotency record for scope %, key %',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK001', DETAIL = 'The key was never claimed, was released, or its record expired.';
-    ELSIF rec.token = idem_complete.token AND rec.status = 'completed' THEN
+    ELSIF problem = 'IK003' THEN
         RAISE EXCEPTION 'idempotency record for scope %, key % is already completed',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK003',
@@ -109,7 +151,6 @@ DECLARE
     lease_end timestamptz;
     lease_given boolean;
     n bigint;
-    rec record;
 BEGIN
     problem := coalesce(idempotency.portable_key_error('scope', scope), idempotency.portable_key_error('key', key));
     IF problem IS NOT NULL THEN
@@ -150,7 +191,8 @@ BEGIN
            locked_until = now_ + CASE WHEN NOT lease_given AND k.locked_until > k.updated_at
                                       THEN k.locked_until - k.updated_at ELSE lease END,
            updated_at = now_
-     WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
+     WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+       AND k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key
        AND k.token = idem_checkpoint.token AND k.status = 'in_progress'
        AND k.expires_at > now_
     RETURNING k.locked_until INTO lease_end;
@@ -158,13 +200,12 @@ BEGIN
     IF n = 1 THEN
         RETURN lease_end;
     END IF;
-    SELECT k.token, k.status, k.expires_at INTO rec
-      FROM idempotency.keys AS k WHERE k.scope = idem_checkpoint.scope AND k.key = idem_checkpoint.key;
-    IF NOT FOUND OR rec.expires_at <= now_ THEN
+    problem := idempotency.portable_not_owned(scope, key, token, now_);
+    IF problem = 'IK001' THEN
         RAISE EXCEPTION 'no live idempotency record for scope %, key %',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK001', DETAIL = 'The key was never claimed, was released, or its record expired.';
-    ELSIF rec.token = idem_checkpoint.token AND rec.status = 'completed' THEN
+    ELSIF problem = 'IK003' THEN
         RAISE EXCEPTION 'idempotency record for scope %, key % is already completed',
             idempotency.portable_quote(scope), idempotency.portable_quote(key)
             USING ERRCODE = 'IK003',
@@ -201,7 +242,8 @@ BEGIN
             USING ERRCODE = '25006', HINT = 'Claims must run on the primary; idem_lookup works on a standby.';
     END IF;
     DELETE FROM idempotency.keys AS k
-     WHERE k.scope = idem_release.scope AND k.key = idem_release.key
+     WHERE (CASE WHEN k.status = 'completed' THEN k.expires_at ELSE '-infinity'::timestamptz END) = '-infinity'
+       AND k.scope = idem_release.scope AND k.key = idem_release.key
        AND k.token = idem_release.token AND k.status = 'in_progress'
        AND k.expires_at > now();
     GET DIAGNOSTICS n = ROW_COUNT;

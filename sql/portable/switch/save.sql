@@ -7,6 +7,20 @@ LOCK TABLE idempotency.keys, idempotency.messages, idempotency.outbound, idempot
 
 CREATE TEMP TABLE idem_switch_keys ON COMMIT DROP AS SELECT * FROM idempotency.keys;
 CREATE TEMP TABLE idem_switch_messages ON COMMIT DROP AS SELECT * FROM idempotency.messages;
+-- A database updated from 0.5.0 may still keep records in keys_legacy / messages_legacy
+-- (until idem_sweep has moved them all): they are records like the others.
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('idempotency.keys_legacy') IS NOT NULL THEN
+        LOCK TABLE idempotency.keys_legacy IN ACCESS EXCLUSIVE MODE;
+        INSERT INTO idem_switch_keys SELECT * FROM idempotency.keys_legacy;
+    END IF;
+    IF pg_catalog.to_regclass('idempotency.messages_legacy') IS NOT NULL THEN
+        LOCK TABLE idempotency.messages_legacy IN ACCESS EXCLUSIVE MODE;
+        INSERT INTO idem_switch_messages SELECT * FROM idempotency.messages_legacy;
+    END IF;
+END
+$$;
 CREATE TEMP TABLE idem_switch_outbound ON COMMIT DROP AS SELECT * FROM idempotency.outbound;
 CREATE TEMP TABLE idem_switch_outbound_budget ON COMMIT DROP AS SELECT * FROM idempotency.outbound_budget;
 
@@ -19,13 +33,13 @@ SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END AS kind, c.relname::
        NULL::text AS args, a.grantee, a.privilege_type AS privilege, a.is_grantable
   FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats'])
+   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats', 'partitions'])
    AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
 UNION ALL
 SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END, c.relname::text, NULL, c.relowner, 'ALL', false
   FROM pg_catalog.pg_class AS c
  WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats'])
+   AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget', 'stats', 'partitions'])
 UNION ALL
 SELECT 'FUNCTION', p.proname::text, pg_catalog.oidvectortypes(p.proargtypes),
        a.grantee, a.privilege_type, a.is_grantable
@@ -56,4 +70,5 @@ SELECT pg_catalog.format('CREATE POLICY %I ON idempotency.%I AS %s FOR %s TO %s%
            ' USING (' OPERATOR(pg_catalog.||) p.qual OPERATOR(pg_catalog.||) ')',
            ' WITH CHECK (' OPERATOR(pg_catalog.||) p.with_check OPERATOR(pg_catalog.||) ')') AS statement
   FROM pg_catalog.pg_policies AS p
- WHERE p.schemaname OPERATOR(pg_catalog.=) 'idempotency';
+ WHERE p.schemaname OPERATOR(pg_catalog.=) 'idempotency'
+   AND p.tablename OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages', 'outbound', 'outbound_budget']);

@@ -17,11 +17,13 @@ SELECT idem_complete('parts', 'before', :'tok', 200);
 SELECT tableoid::regclass AS partition, status FROM keys WHERE key = 'before';
 
 -- The first sweep makes the periods: contiguous, 1 second each, from the current second to
--- past now() + default_ttl + two periods; and the far record of a period moves into it.
+-- past now() + default_ttl + two periods (the sweep's now(), after before_sweep); and the far
+-- record of a period moves into it.
+SELECT now() AS before_sweep \gset
 SELECT idem_sweep() AS deleted;
 SELECT count(*) >= 5 AS made_ahead,
        bool_and(upper_bound - lower_bound = interval '1 second') AS one_second_each,
-       max(upper_bound) >= now() + interval '4 seconds' AS far_enough,
+       max(upper_bound) >= :'before_sweep'::timestamptz + interval '4 seconds' AS far_enough,
        min(lower_bound) <= now() AS from_now
   FROM partitions WHERE partition_name LIKE 'keys\_2%' ESCAPE '\';
 SELECT count(*) = (SELECT count(*) FROM partitions WHERE partition_name LIKE 'keys\_2%' ESCAPE '\') AS messages_alike

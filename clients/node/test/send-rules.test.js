@@ -22,7 +22,7 @@ test('the timeout must be a positive number of milliseconds below the lease', ()
 
 test('a Sender refuses a timeout that is not below its lease, and a setting out of range, at construction', () => {
   const pool = new pg.Pool(); // never connects: nothing is queried here
-  const urls = { t: 'http://127.0.0.1:9/' };
+  const urls = { t: 'http://receiver.invalid/charges' };
   try {
     assert.throws(() => new Sender(pool, { urls, timeoutMs: 1500, leaseMs: 1500 }), RangeError);
     assert.throws(() => new Sender(pool, { urls, timeoutMs: 40000 }), RangeError, 'the default lease is 30 s');
@@ -80,7 +80,7 @@ test('database errors: those with a SQLSTATE or of an unreachable database; name
   // The shapes node-postgres gives: a server's ErrorResponse (severity, code), a socket error, a lost connection.
   const terminated = Object.assign(new Error('terminating connection due to administrator command\nmore'),
     { severity: 'FATAL', code: '57P01' });
-  const refused = Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED', errno: -111 });
+  const refused = Object.assign(new Error('connect ECONNREFUSED (the server is down)'), { code: 'ECONNREFUSED', errno: -111 });
   const lost = new Error('Connection terminated unexpectedly');
   const deadlock = Object.assign(new Error('deadlock detected'), { severity: 'ERROR', code: '40P01' });
   const serialization = mapError(Object.assign(new Error('could not serialize access'), { severity: 'ERROR', code: '40001' }));

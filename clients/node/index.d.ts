@@ -345,17 +345,38 @@ export interface Attempt {
 export interface SendAnswer { status: number | null; headers?: Record<string, string>; body?: string | null; error?: string | null }
 export interface SenderOptions {
   urls?: Record<string, string>;
-  send?: (attempt: Attempt) => Promise<SendAnswer>;
+  /** Your own send: `signal` aborts when timeoutMs has passed (the attempt is then recorded as no answer). */
+  send?: (attempt: Attempt, signal: AbortSignal) => Promise<SendAnswer>;
   headers?: Record<string, Record<string, string>>;
+  /** Bounds one attempt in total (connect, send, the whole answer); below leaseMs, or the constructor throws a RangeError. */
   timeoutMs?: number; leaseMs?: number; concurrency?: number; pollIntervalMs?: number;
+  /** This sender's idempotency.send_retry_budget (0 to 1,000,000); the database's when not given. */
+  retryBudget?: number | null;
+  /** This sender's idempotency.send_backoff_base / _cap, in milliseconds; the database's when not given. */
+  backoffBaseMs?: number | null; backoffCapMs?: number | null;
+  /** Given to idem_send by sender.prepare when the call gives no giveUpAfter; the database's when not given. */
+  giveUpAfterMs?: number | null;
+  /** The worker's waits between reconnections: full jitter up to min(cap, base * 2^(n-1)). */
+  reconnectBaseMs?: number; reconnectCapMs?: number;
+  logger?: { info: (message: string) => void; warn: (message: string) => void };
   onAttempt?: (attempt: Attempt, answer: SendAnswer) => void;
   onFinished?: (attempt: Attempt, result: SendResult) => void;
+  /** A database error the worker met: `code` is the SQLSTATE, else the error's class; `message` its first line. */
+  onDbError?: (error: Error, info: { code: string; message: string; delayMs: number }) => void;
+  onDbReconnected?: () => void;
 }
 export declare class Sender {
   constructor(pool: import('pg').Pool, options: SenderOptions);
+  /** `prepare`, with this sender's giveUpAfterMs when the call gives none. */
+  prepare(client: Queryable, scope: string, operation: string, target: string, request?: unknown,
+    options?: { key?: string | null; giveUpAfter?: number | string | null }): Promise<Prepared>;
   deliver(scope: string, operation: string): Promise<SendResult>;
   status(scope: string, operation: string): Promise<SendResult>;
   attempt(attempt: Attempt): Promise<SendResult>;
   runOnce(target?: string | null): Promise<number>;
+  idle(target?: string | null): Promise<boolean>;
+  /** The worker: only `signal` (or untilIdle) ends it; database errors are logged and outlived. */
   run(target?: string | null, options?: { signal?: AbortSignal | null; untilIdle?: boolean }): Promise<void>;
+  /** Closes the HTTP connections the sender keeps (not the pool). */
+  close(): void;
 }

@@ -6,6 +6,7 @@ import { promisify } from 'node:util';
 import http from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
+import pg from 'pg';
 import { MAX_RETRY_AFTER_MS, Sender, keyHeader, parseRetryAfter, prepare } from '../src/index.js';
 import { DATABASE_URL, newPool } from './harness.js';
 
@@ -59,6 +60,9 @@ async function prepared(p, operation, target, request = { amount: 1 }, options =
     const r = await prepare(client, 'shop', operation, target, request, options);
     await client.query('COMMIT');
     return r;
+  } catch (e) {
+    await client.query('ROLLBACK'); // not back to the pool inside the failed transaction
+    throw e;
   } finally {
     client.release();
   }
@@ -222,5 +226,156 @@ test('the send demo program', async () => {
     assert.equal(new Set(r.log.map((x) => x.key)).size, 5);
   } finally {
     await r.close();
+  }
+});
+
+/** A receiver that sends its headers at once, then a body of `size` bytes one every `everyMs` ms. */
+async function trickler(everyMs = 100, size = 60) {
+  const log = [];
+  const server = http.createServer((req, res) => {
+    const entry = { began: performance.now(), closedAt: null, complete: false };
+    log.push(entry);
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/plain', 'content-length': size });
+      let sent = 0;
+      const timer = setInterval(() => {
+        if (sent < size) {
+          res.write('x');
+          sent += 1;
+        } else {
+          clearInterval(timer);
+          res.end();
+        }
+      }, everyMs);
+      res.on('close', () => {
+        clearInterval(timer);
+        entry.closedAt = performance.now();
+        entry.complete = sent === size;
+      });
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  return { url: `http://127.0.0.1:${port}/charges`, log, close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }) };
+}
+
+test('timeoutMs bounds an attempt in total: a trickled answer is cut off and its connection closed', async () => {
+  const r = await trickler(100, 60); // 6 s of body, no read waiting more than 0.1 s
+  const p = freshPool();
+  try {
+    const o = op('trickle');
+    await prepared(p, o, 't-trickle');
+    const sender = new Sender(p, { urls: { 't-trickle': r.url }, leaseMs: 2000, timeoutMs: 500 });
+    const began = performance.now();
+    const result = await sender.deliver('shop', o);
+    const took = performance.now() - began;
+    assert.equal(result.kind, 'not_yet');
+    assert.equal(result.lastError, 'timed out');
+    assert.ok(took < 500 + 750, `the attempt took ${took} ms`);
+    for (let i = 0; i < 50 && r.log[0]?.closedAt === null; i++) await new Promise((res) => setTimeout(res, 20));
+    const [entry] = r.log;
+    assert.equal(entry.complete, false);
+    assert.ok(entry.closedAt !== null && entry.closedAt - entry.began < 500 + 750,
+      `the receiver saw the connection closed after ${entry.closedAt - entry.began} ms`);
+    sender.close();
+  } finally {
+    await r.close();
+    await p.end();
+  }
+});
+
+test('timeoutMs bounds your own send too: its signal aborts and the attempt is no answer', async () => {
+  const p = freshPool();
+  try {
+    const o = op('own-send');
+    await prepared(p, o, 't-own');
+    let aborted = null;
+    const sender = new Sender(p, {
+      leaseMs: 2000, timeoutMs: 300,
+      send: (_attempt, signal) => new Promise(() => signal.addEventListener('abort', () => { aborted = signal.reason; })),
+    });
+    const result = await sender.deliver('shop', o);
+    assert.equal(result.kind, 'not_yet');
+    assert.equal(result.lastError, 'timed out');
+    assert.equal(aborted?.message, 'timed out');
+  } finally {
+    await p.end();
+  }
+});
+
+test('per-sender settings: budget and backoff in the sender\'s own transactions, give-up in its prepare', async () => {
+  const r = await receiver([[503, {}]]);
+  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 1 }); // one session: a leak of SET LOCAL would show
+  p.on('error', () => {});
+  try {
+    const setting = async (name) => (await p.query('SELECT current_setting($1, true) AS v', [name])).rows[0].v;
+    const strict = new Sender(p, { urls: { 't-own-settings': r.url }, leaseMs: 5000, timeoutMs: 2000,
+      retryBudget: 0, backoffCapMs: 20, giveUpAfterMs: 1500 });
+    const o = op('settings');
+    const client = await p.connect();
+    try {
+      await client.query('BEGIN');
+      await strict.prepare(client, 'shop', o, 't-own-settings', { amount: 1 });
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    const { rows: [row] } = await p.query(
+      'SELECT extract(epoch FROM give_up_at - created_at)::float8 AS s FROM idempotency.outbound WHERE operation = $1', [o]);
+    assert.equal(row.s, 1.5, 'giveUpAfterMs given to idem_send');
+    const answeredAt = Date.now();
+    const first = await strict.deliver('shop', o);
+    assert.equal(first.kind, 'not_yet');
+    assert.ok(first.nextAttemptAt.getTime() - answeredAt <= 20 + 500, `due ${first.nextAttemptAt.getTime() - answeredAt} ms later: backoffCapMs 20`);
+    // The session's own values after the sender's transactions: the database's (cap 200ms), the budget not 0.
+    assert.equal(await setting('idempotency.send_backoff_cap'), '200ms', 'backoffCapMs was local to the sender\'s transactions');
+    assert.notEqual(await setting('idempotency.send_retry_budget'), '0', 'retryBudget was local to the sender\'s transactions');
+    await new Promise((res) => setTimeout(res, 100));
+    assert.equal(await strict.runOnce('t-own-settings'), 0, 'retryBudget 0: no retry handed out');
+    const loose = new Sender(p, { urls: { 't-own-settings': r.url }, leaseMs: 5000, timeoutMs: 2000, retryBudget: 1000000 });
+    assert.equal(await loose.runOnce('t-own-settings'), 1, 'another sender with its own budget retries it');
+    assert.equal(r.log.length, 2);
+  } finally {
+    await r.close();
+    await p.end();
+  }
+});
+
+test('the worker outlives its backends terminated: db errors logged, reconnected, sends go on', async () => {
+  const r = await receiver();
+  const app = `sender-test-${process.hrtime.bigint()}`;
+  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 4, application_name: app });
+  const events = [];
+  const warnings = [];
+  const stop = new AbortController();
+  let worker = null;
+  try {
+    const sender = new Sender(p, { urls: { 't-survive': r.url }, leaseMs: 5000, timeoutMs: 2000, pollIntervalMs: 200,
+      reconnectBaseMs: 20, reconnectCapMs: 200,
+      logger: { info: () => {}, warn: (m) => warnings.push(m) },
+      onDbError: (_e, { code }) => events.push(`db-error ${code}`), onDbReconnected: () => events.push('db-reconnected') });
+    worker = sender.run('t-survive', { signal: stop.signal });
+    await prepared(pool, op('survive-1'), 't-survive');
+    for (let i = 0; i < 100 && r.log.length < 1; i++) await new Promise((res) => setTimeout(res, 50));
+    assert.equal(r.log.length, 1);
+    const { rows: [{ n }] } = await pool.query(
+      'SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1', [app]);
+    assert.ok(n >= 1, 'the worker\'s LISTEN session was there to terminate');
+    for (let i = 0; i < 100 && !events.includes('db-reconnected'); i++) await new Promise((res) => setTimeout(res, 50));
+    assert.ok(events.includes('db-error 57P01') || events.some((e) => e.startsWith('db-error ')), events.join(', '));
+    assert.ok(events.includes('db-reconnected'), events.join(', '));
+    assert.match(warnings.find((m) => m.includes('sender: database error')) ?? '', /^pg-idempotency: sender: database error \(.+\): .+; reconnecting in \d+\.\d\d s$/);
+    await prepared(pool, op('survive-2'), 't-survive');
+    for (let i = 0; i < 100 && r.log.length < 2; i++) await new Promise((res) => setTimeout(res, 50));
+    assert.equal(r.log.length, 2, 'sent after the reconnection');
+    stop.abort();
+    await worker; // ended by its signal, not by the errors
+    sender.close();
+  } finally {
+    stop.abort();
+    await worker?.catch(() => {}); // a failure above: the worker ends before its pool does
+    await r.close();
+    await p.end();
   }
 });

@@ -78,8 +78,18 @@ async function useSender(): Promise<void> {
     void when;
   }
   const own = new Sender(pool, {
-    send: async (a): Promise<SendAnswer> => ({ status: 201, headers: { 'idempotency-key': keyHeader(a.key) }, body: '{}' }),
+    send: async (a, signal): Promise<SendAnswer> => {
+      const res = await fetch('https://pay.example/charges', { method: 'POST', signal, headers: { 'Idempotency-Key': keyHeader(a.key) } });
+      return { status: res.status, headers: {}, body: await res.text() };
+    },
+    timeoutMs: 2000, leaseMs: 5000, retryBudget: 0.5, backoffBaseMs: 100, backoffCapMs: 2000, giveUpAfterMs: 3600000,
+    reconnectBaseMs: 50, reconnectCapMs: 1000, logger: console,
+    onDbError: (_e, { code, message, delayMs }) => console.warn(code, message, delayMs),
+    onDbReconnected: () => console.info('back'),
   });
+  const again = await own.prepare(db, 'shop', 'order-43:charge', 'payments', { amount: 1 });
+  void again.key;
+  own.close();
   const stop = new AbortController();
   await own.run('payments', { signal: stop.signal, untilIdle: true });
   void key;

@@ -125,6 +125,8 @@ register_suites() {
         clients/node/test.sh
     register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \
         clients/rust/test.sh
+    register artifacts-rust  15   full ext     'the Rust crate as crates.io will ship it: the `.crate` built (`scripts/build-artifacts.sh rust`, `cargo package`), unpacked, a fresh crate outside the clone depending on it by path, the README'"'"'s example app built and run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/rust.sh](tests/artifacts/rust.sh))' \
+        tests/artifacts/rust.sh
     register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \
         clients/go/test.sh
     register java-client     15   full ext     'the tests of the Java package (core client, Servlet filter, Spring Boot starter; `mvn verify` with the compiler warnings as errors), over real HTTP, also through PgBouncer' \

@@ -84,12 +84,47 @@ impl Error {
         }
     }
 
+    /// The SQLSTATE, or, for an error without one, its class in one word: `Closed` (the
+    /// connection was closed), the kind of the I/O error under it (`ConnectionRefused`,
+    /// `ConnectionReset`, ...), `PoolTimeout`, or this enum's variant.
+    pub fn code_or_class(&self) -> String {
+        if let Some(code) = self.sqlstate() {
+            return code.to_owned();
+        }
+        match self {
+            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => class_of(e),
+            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) => "PoolTimeout".into(),
+            Error::Pool(_) => "Pool".into(),
+            Error::Unsupported(_) => "Unsupported".into(),
+            Error::UnknownOutcome(_) => "UnknownOutcome".into(),
+            Error::NoSend { .. } => "NoSend".into(),
+            other => other.db_error().map_or_else(|| "Db".into(), class_of),
+        }
+    }
+
     /// The database could not be reached: refused, reset, closed, no pool connection in time,
     /// or the server shutting down, starting or out of connections (SQLSTATE class 08, 57P01,
     /// 57P02, 57P03, 53300). The layer answers 503 with Retry-After.
     pub fn unavailable(&self) -> bool {
         self.connection_lost() || self.sqlstate().is_some_and(unavailable_sqlstate)
     }
+}
+
+fn class_of(e: &tokio_postgres::Error) -> String {
+    if let Some(code) = e.code() {
+        return code.code().to_owned();
+    }
+    if e.is_closed() {
+        return "Closed".into();
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return format!("{:?}", io.kind());
+        }
+        cause = c.source();
+    }
+    "Db".into()
 }
 
 /// SQLSTATEs of a server that cannot take the request now (the same list in every package).

@@ -22,6 +22,7 @@ mod layer;
 mod pool;
 pub mod response;
 mod run;
+mod send_settings;
 pub mod sender;
 mod settings;
 

@@ -64,6 +64,9 @@ async fn create_order(
 
 #[tokio::main]
 async fn main() {
+    // The crate logs through `log`: its warnings (the database unavailable, a claim taken over)
+    // on stderr.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
     // Fast recycling sends nothing when a pooled connection is reused. The layer drops the

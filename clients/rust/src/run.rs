@@ -326,7 +326,14 @@ fn completed(
             );
             Err(SUPERSEDED.response(1))
         }
-        Err(e) if uncommitted_is_unavailable && ended_uncommitted(&e) => Err(nothing_committed(shared, &e)),
+        Err(e) if uncommitted_is_unavailable && (ended_uncommitted(&e) || e.connection_lost()) => {
+            // No answer to idem_complete: the COMMIT sent with it never ran. PostgreSQL flushes
+            // a statement's answer (at its ReadyForQuery) before it reads the next one, so a
+            // server that ran the COMMIT had sent idem_complete's answer first; and the server's
+            // goodbye that tokio-postgres reads while no request is pending (a 57P01 to an idle
+            // session) ends the connection before the two were written.
+            Err(nothing_committed(shared, &e))
+        }
         Err(e) => Err(error_after_work("idem_complete", &e)),
     }
 }
@@ -334,8 +341,8 @@ fn completed(
 /// The server ended the session while the statement ran, so its transaction did not commit:
 /// 57P01 (a fast or smart shutdown, `pg_terminate_backend`). The server acts on it only where the
 /// transaction can still roll back, never inside a commit, and a COMMIT's own answer goes out
-/// before the next such check. (A crash, 57P02, or a connection that just ended, can come after
-/// the commit: the outcome is unknown, a 500.)
+/// before the next such check. (A crash, 57P02, or a COMMIT's connection lost after
+/// idem_complete was answered, can come after the commit: the outcome is unknown, a 500.)
 fn ended_uncommitted(e: &Error) -> bool {
     e.sqlstate() == Some("57P01")
 }
@@ -354,7 +361,8 @@ fn nothing_committed(shared: &Shared, why: &dyn std::fmt::Display) -> Response {
 /// answers stay what they were with two trips: the complete's error as before; a COMMIT
 /// without an answer is an error after the work (outcome unknown), never a success.
 /// `uncommitted_is_unavailable` (same transaction): a connection the server closed before they
-/// were sent, or a 57P01 in answer to them, is a 503: nothing was committed.
+/// were sent, lost before idem_complete was answered, or a 57P01 in answer to either, is a 503:
+/// nothing was committed.
 async fn complete_and_commit(
     shared: &Shared,
     tx: InTransaction,

@@ -88,6 +88,7 @@ async fn restarted_under_an_idle_app_no_503_the_first_request_included() {
     assert_eq!(statuses, vec![201; 32], "{:?}", after.iter().find(|r| r.status != 201));
     assert!(app.alive());
     assert_eq!(app.panics(), Vec::<String>::new(), "{}", app.log.display());
+    assert_eq!(app.errors(), Vec::<String>::new(), "{}", app.log.display());
 }
 
 /// Starts the cluster when dropped, if it is down (a test that failed midway leaves it up).
@@ -144,13 +145,18 @@ async fn stopped_under_a_busy_app_only_503_within_the_bound_then_started() {
         .filter(|a| a.reply.status != 201 && !is_unavailable(&a.reply))
         .map(|a| (a.reply.status, String::from_utf8_lossy(&a.reply.body).into_owned()))
         .collect();
-    assert!(odd.is_empty(), "201 or the 503 problem, nothing else: {odd:?}");
+    assert!(
+        odd.is_empty(),
+        "201 or the 503 problem, nothing else: {odd:?}; the app's errors: {:?}",
+        app.errors()
+    );
     assert!(answers.iter().any(|a| a.sent > stopped_at), "no request after the stop");
     let slow: Vec<Duration> =
         answers.iter().filter(|a| a.reply.status == 503).map(|a| a.took).filter(|t| *t >= BOUND).collect();
     assert!(slow.is_empty(), "503s slower than {BOUND:?}: {slow:?}");
     assert!(app.alive(), "the app died; see {}", app.log.display());
     assert_eq!(app.panics(), Vec::<String>::new(), "{}", app.log.display());
+    assert_eq!(app.errors(), Vec::<String>::new(), "{}", app.log.display());
     let app_ref = &app;
     let back = until_served(|| async move { order(app_ref, &unique("k")).await }).await;
     assert_eq!(back.status, 201, "{back:?}");

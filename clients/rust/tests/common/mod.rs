@@ -264,8 +264,17 @@ impl App {
 
     /// Lines of the app's log that say it panicked.
     pub fn panics(&self) -> Vec<String> {
+        self.log_lines("panicked")
+    }
+
+    /// Lines of the app's log at level ERROR (the layer logs every 500 it makes so).
+    pub fn errors(&self) -> Vec<String> {
+        self.log_lines("ERROR")
+    }
+
+    fn log_lines(&self, holding: &str) -> Vec<String> {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        text.lines().filter(|l| l.contains("panicked")).map(str::to_owned).collect()
+        text.lines().filter(|l| l.contains(holding)).map(str::to_owned).collect()
     }
 }
 

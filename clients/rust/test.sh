@@ -64,7 +64,7 @@ run_tests() {
     local name=$1 log="$DIR/$1.log" status p f line
     shift
     echo "== $name"
-    cargo test --locked --manifest-path "$MANIFEST" "$@" 2>&1 | tee "$log"
+    cargo test --locked --no-fail-fast --manifest-path "$MANIFEST" "$@" 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
     p=0 f=0
     while read -r line; do

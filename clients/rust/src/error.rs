@@ -167,10 +167,28 @@ impl From<deadpool_postgres::PoolError> for Error {
     }
 }
 
+/// The messages of an error's causes that its own message does not already hold (tokio-postgres
+/// writes "error connecting to server" and keeps "Connection refused" in its source).
+fn causes(mut cause: Option<&(dyn std::error::Error + 'static)>, shown: &str) -> String {
+    let mut more = String::new();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !shown.contains(&text) && !more.contains(&text) {
+            more.push_str(": ");
+            more.push_str(&text);
+        }
+        cause = c.source();
+    }
+    more
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Pool(e) => write!(f, "database pool: {e}"),
+            Error::Pool(e) => {
+                let text = format!("database pool: {e}");
+                write!(f, "{text}{}", causes(std::error::Error::source(e), &text))
+            }
             Error::Unsupported(what) => {
                 write!(f, "the installed idempotency extension has no {what}")
             }
@@ -182,7 +200,10 @@ impl fmt::Display for Error {
                 let e = self.db_error().expect("a database error");
                 match (e.as_db_error(), self.sqlstate()) {
                     (Some(db), Some(code)) => write!(f, "{} ({code})", db.message()),
-                    _ => write!(f, "{e}"),
+                    _ => {
+                        let text = e.to_string();
+                        write!(f, "{text}{}", causes(std::error::Error::source(e), &text))
+                    }
                 }
             }
         }
@@ -200,7 +221,30 @@ impl std::error::Error for Error {
 
 #[cfg(test)]
 mod tests {
-    use super::unavailable_sqlstate;
+    use super::{causes, unavailable_sqlstate};
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("error connecting to server")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_causes_a_message_leaves_out_are_added() {
+        let e = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused"));
+        assert_eq!(causes(std::error::Error::source(&e), &e.to_string()), ": Connection refused");
+        assert_eq!(causes(std::error::Error::source(&e), "x: Connection refused"), "");
+        assert_eq!(causes(None, "x"), "");
+    }
 
     #[test]
     fn unavailable_sqlstates() {

@@ -60,7 +60,9 @@ ok "cargo package: $(basename "$crate") ($((SECONDS - began)) s)"
 
 echo "== the .crate unpacked in $dir/unpacked"
 mkdir -p "$dir/unpacked"
-tar -xzf "$crate" -C "$dir/unpacked" || give_up "unpack" "tar -xzf $crate"
+# -m, as the README says: the .crate's one fixed old file time would keep cargo from rebuilding
+# the path dependency in target/artifacts-rust after a change.
+tar -xzmf "$crate" -C "$dir/unpacked" || give_up "unpack" "tar -xzmf $crate"
 pkg=$dir/unpacked/$(basename "$crate" .crate)
 check "it holds the crate's sources, examples and README, nothing else" "" \
     "$(cd "$pkg" && find . -type f | sed 's|^\./||' | grep -vE '^(src/[a-z_]+\.rs|examples/[a-z_]+\.rs|tests/(common/)?[a-z_]+\.rs|README\.md|Cargo\.toml|Cargo\.toml\.orig|Cargo\.lock|\.gitignore|\.cargo_vcs_info\.json)$')"
@@ -85,7 +87,7 @@ cp "$pkg/examples/orders.rs" "$project/src/main.rs"
 check "the example app copied in is the repository's examples/orders.rs" "" \
     "$(diff "$root/clients/rust/examples/orders.rs" "$project/src/main.rs")"
 began=$SECONDS
-if (cd "$project" && cargo build --quiet) >"$dir/cargo-build.log" 2>&1; then
+if (cd "$project" && cargo build) >"$dir/cargo-build.log" 2>&1; then
     ok "cargo build of the fresh crate ($((SECONDS - began)) s, target dir $CARGO_TARGET_DIR)"
 else
     tail -30 "$dir/cargo-build.log"
@@ -94,6 +96,8 @@ fi
 check "pg-idempotency was built from the unpacked crate" "1" \
     "$(cd "$project" && cargo metadata --format-version 1 --offline 2>/dev/null |
         grep -o "\"manifest_path\":\"$pkg/Cargo.toml\"" | wc -l)"
+check "and built again from it in this run (not an earlier run's build)" "yes" \
+    "$(grep -q "Compiling pg-idempotency v[^ ]* ($pkg)" "$dir/cargo-build.log" && echo yes)"
 
 echo "== PostgreSQL $PG_MAJOR on port $port"
 cluster_fresh "$dir/pg" "$port" "$LISTEN_TCP" || give_up "the cluster" "did not start"

@@ -18,12 +18,15 @@
 #            a throwaway git repository holding the module's files (those git tracks or would:
 #            not ignored) at its root, tagged vX.Y.Z, as the proxy fetches a published tag: no
 #            network for the module itself.
+#   rust     the .crate of clients/rust (`cargo package --locked`: the files crates.io would get,
+#            unpacked and built on their own first); uncommitted changes are packed as they are
+#            (--allow-dirty). Build output in CARGO_TARGET_DIR (default target/clients).
 #
 # A language is a function build_LANG OUTDIR below, listed in LANGS. The paths of what was
 # built are printed last, one a line (the build's own output goes to stderr).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LANGS="python node go"
+LANGS="python node go rust"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "build-artifacts.sh: $*" >&2; exit 2; }
@@ -95,6 +98,16 @@ build_go() { # build_go OUTDIR
         die "the module's go.mod as served has replace directives"
     fi
     ls "$out/$module/@v/list" "$out/$module/@v/v$version".*
+}
+
+
+build_rust() { # build_rust OUTDIR
+    local out=$1 target=${CARGO_TARGET_DIR:-$ROOT/target/clients}
+    rm -f "$target"/package/pg-idempotency-*.crate
+    PATH="$HOME/.cargo/bin:$PATH" cargo package --locked --allow-dirty \
+        --manifest-path "$ROOT/clients/rust/Cargo.toml" --target-dir "$target" >&2
+    cp "$target"/package/pg-idempotency-*.crate "$out"/
+    ls "$out"/*.crate
 }
 
 case ${1:-} in

@@ -128,6 +128,8 @@ register_suites() {
         tests/artifacts/node.sh
     register rust-client     15   full ext     'the tests of the Rust middleware crate, over real HTTP, also through PgBouncer' \
         clients/rust/test.sh
+    register artifacts-rust  15   full ext     'the Rust crate as crates.io will ship it: the `.crate` built (`scripts/build-artifacts.sh rust`, `cargo package`), unpacked, a fresh crate outside the clone depending on it by path, the README'"'"'s example app built and run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/rust.sh](tests/artifacts/rust.sh))' \
+        tests/artifacts/rust.sh
     register go-client       15   full ext     'the tests of the Go package (`go vet`, staticcheck, `go test -race`), over real HTTP, also through PgBouncer, and the Go client example' \
         clients/go/test.sh
     register artifacts-go    15   full ext     'the Go module as the Go module proxy will serve it: `go mod verify`, no `replace`, the module zip made by the go command (`scripts/build-artifacts.sh go`), taken into a fresh project by the README'"'"'s install blocks as written, the README'"'"'s example app built there and run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/go.sh](tests/artifacts/go.sh))' \

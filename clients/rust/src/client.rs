@@ -68,8 +68,8 @@ pub struct Claim {
     pub lease_left: Option<Duration>,
 }
 
-/// The arguments of `idem_claim`. `wait` and `token` are sent only when the extension has them
-/// (see [`Features`]).
+/// The arguments of `idem_claim`. `wait`, `token` and `deferred` are sent only when the
+/// extension has them (see [`Features`]).
 #[derive(Debug, Clone, Default)]
 pub struct ClaimArgs<'a> {
     pub scope: &'a str,
@@ -79,6 +79,11 @@ pub struct ClaimArgs<'a> {
     pub lease: Option<Duration>,
     pub wait: Option<Duration>,
     pub token: Option<Uuid>,
+    /// A claim made in the transaction that also runs the work and its `idem_complete`
+    /// (extension 0.6.0): it writes nothing until `idem_complete` writes the completed record
+    /// (a COMMIT without one writes the `in_progress` record, as without `deferred`). Never for
+    /// a claim that commits on its own (committed first).
+    pub deferred: bool,
 }
 
 /// The request's fingerprint: given, or computed by `idem_fingerprint` in the claim's statement.
@@ -102,6 +107,8 @@ pub struct Features {
     pub claim_wait_and_token: bool,
     /// `idem_seen_many`.
     pub seen_many: bool,
+    /// `idem_claim(..., deferred)` (0.6.0).
+    pub claim_deferred: bool,
 }
 
 /// Looks the optional arguments up in the catalog (once per pool is enough).
@@ -110,13 +117,14 @@ pub async fn features(db: &impl GenericClient) -> Result<Features, Error> {
         .query_typed_one(
             "SELECT coalesce(bool_or(p.proname = 'idem_claim' AND 'token' = ANY(p.proargnames)
                                    AND 'wait' = ANY(p.proargnames)), false),
-                    coalesce(bool_or(p.proname = 'idem_seen_many'), false)
+                    coalesce(bool_or(p.proname = 'idem_seen_many'), false),
+                    coalesce(bool_or(p.proname = 'idem_claim' AND 'deferred' = ANY(p.proargnames)), false)
              FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
              WHERE n.nspname = 'idempotency'",
             &[],
         )
         .await?;
-    Ok(Features { claim_wait_and_token: row.get(0), seen_many: row.get(1) })
+    Ok(Features { claim_wait_and_token: row.get(0), seen_many: row.get(1), claim_deferred: row.get(2) })
 }
 
 /// An interval parameter, sent as text (`'1500 milliseconds'`) and cast by the server.
@@ -130,7 +138,9 @@ const CLAIM_COLUMNS: &str = "c.outcome, c.token, c.http_status, c.response_statu
        extract(epoch FROM c.locked_until - clock_timestamp())::float8";
 
 /// `idem_claim`. With `features.claim_wait_and_token`, `args.wait` and `args.token` are passed;
-/// otherwise they are ignored (the claim answers at once and makes its own token).
+/// otherwise they are ignored (the claim answers at once and makes its own token). With
+/// `features.claim_deferred`, `args.deferred` is passed; otherwise the claim writes its record at
+/// once (what a deferred claim amounts to where it is not offered).
 pub async fn claim(
     db: &impl GenericClient,
     features: Features,
@@ -153,23 +163,32 @@ pub async fn claim(
         (&ttl, Type::TEXT),
         (&lease, Type::TEXT),
     ];
-    let extra = if features.claim_wait_and_token {
+    if features.claim_wait_and_token {
         params.push((&wait, Type::TEXT));
         params.push((&args.token, Type::UUID));
-        ", wait => $9::interval, token => $10"
-    } else {
-        ""
-    };
-    let sql = format!(
+    }
+    let row = db.query_typed_one(&claim_sql(features, args.deferred), &params).await?;
+    claim_from_row(&row)
+}
+
+/// The statement of [`claim`]: `$1`..`$8`, then `$9` (wait) and `$10` (token) with
+/// `claim_wait_and_token`, and `deferred => true` where asked for and offered.
+fn claim_sql(features: Features, deferred: bool) -> String {
+    let mut extra = String::new();
+    if features.claim_wait_and_token {
+        extra.push_str(", wait => $9::interval, token => $10");
+    }
+    if features.claim_deferred && deferred {
+        extra.push_str(", deferred => true");
+    }
+    format!(
         "SELECT {CLAIM_COLUMNS}
          FROM idempotency.idem_claim($1, $2,
                 CASE WHEN $4 IS NOT NULL THEN idempotency.idem_fingerprint($4, $5)
                      WHEN $6 IS NOT NULL THEN idempotency.idem_fingerprint($6)
                      ELSE $3 END,
                 $7::interval, $8::interval{extra}) AS c"
-    );
-    let row = db.query_typed_one(&sql, &params).await?;
-    claim_from_row(&row)
+    )
 }
 
 fn claim_from_row(row: &Row) -> Result<Claim, Error> {
@@ -348,4 +367,20 @@ pub async fn fingerprint_json(
         )
         .await?;
     Ok(row.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{claim_sql, Features};
+
+    #[test]
+    fn deferred_is_sent_only_when_asked_for_and_offered() {
+        let all = Features { claim_wait_and_token: true, seen_many: true, claim_deferred: true };
+        assert!(claim_sql(all, true).contains("token => $10, deferred => true) AS c"));
+        assert!(!claim_sql(all, false).contains("deferred"));
+        let older = Features { claim_deferred: false, ..all };
+        assert!(!claim_sql(older, true).contains("deferred"));
+        let first_round = Features::default();
+        assert!(!claim_sql(first_round, true).contains("=>"));
+    }
 }

@@ -15,6 +15,7 @@ use crate::key::KeyError;
 use crate::layer::key_problem;
 use crate::response::{in_progress, PROBLEMS, PROBLEM_TYPE_PREFIX, SUPERSEDED};
 use crate::run::answer_without_work;
+use crate::settings::REFUSED_STATUSES;
 
 fn contract() -> Value {
     serde_json::from_str(include_str!("../../../contract/contract.json")).expect("contract.json parses")
@@ -140,4 +141,16 @@ fn the_sqlstate_map_is_the_contracts() {
         let code = s["code"].as_str().unwrap();
         assert!(ours.contains(&code), "{code}: every client maps it, this crate does not");
     }
+}
+
+#[test]
+fn the_refused_statuses_are_the_contracts() {
+    let c = contract();
+    let theirs: Vec<u16> = c["refused_statuses"]["statuses"]
+        .as_array()
+        .expect("refused_statuses.statuses")
+        .iter()
+        .map(|s| s.as_u64().unwrap() as u16)
+        .collect();
+    assert_eq!(REFUSED_STATUSES.to_vec(), theirs);
 }

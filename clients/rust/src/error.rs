@@ -84,12 +84,47 @@ impl Error {
         }
     }
 
+    /// The SQLSTATE, or, for an error without one, its class in one word: `Closed` (the
+    /// connection was closed), the kind of the I/O error under it (`ConnectionRefused`,
+    /// `ConnectionReset`, ...), `PoolTimeout`, or this enum's variant.
+    pub fn code_or_class(&self) -> String {
+        if let Some(code) = self.sqlstate() {
+            return code.to_owned();
+        }
+        match self {
+            Error::Pool(deadpool_postgres::PoolError::Backend(e)) => class_of(e),
+            Error::Pool(deadpool_postgres::PoolError::Timeout(_)) => "PoolTimeout".into(),
+            Error::Pool(_) => "Pool".into(),
+            Error::Unsupported(_) => "Unsupported".into(),
+            Error::UnknownOutcome(_) => "UnknownOutcome".into(),
+            Error::NoSend { .. } => "NoSend".into(),
+            other => other.db_error().map_or_else(|| "Db".into(), class_of),
+        }
+    }
+
     /// The database could not be reached: refused, reset, closed, no pool connection in time,
     /// or the server shutting down, starting or out of connections (SQLSTATE class 08, 57P01,
     /// 57P02, 57P03, 53300). The layer answers 503 with Retry-After.
     pub fn unavailable(&self) -> bool {
         self.connection_lost() || self.sqlstate().is_some_and(unavailable_sqlstate)
     }
+}
+
+fn class_of(e: &tokio_postgres::Error) -> String {
+    if let Some(code) = e.code() {
+        return code.code().to_owned();
+    }
+    if e.is_closed() {
+        return "Closed".into();
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return format!("{:?}", io.kind());
+        }
+        cause = c.source();
+    }
+    "Db".into()
 }
 
 /// SQLSTATEs of a server that cannot take the request now (the same list in every package).
@@ -132,10 +167,28 @@ impl From<deadpool_postgres::PoolError> for Error {
     }
 }
 
+/// The messages of an error's causes that its own message does not already hold (tokio-postgres
+/// writes "error connecting to server" and keeps "Connection refused" in its source).
+fn causes(mut cause: Option<&(dyn std::error::Error + 'static)>, shown: &str) -> String {
+    let mut more = String::new();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !shown.contains(&text) && !more.contains(&text) {
+            more.push_str(": ");
+            more.push_str(&text);
+        }
+        cause = c.source();
+    }
+    more
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Pool(e) => write!(f, "database pool: {e}"),
+            Error::Pool(e) => {
+                let text = format!("database pool: {e}");
+                write!(f, "{text}{}", causes(std::error::Error::source(e), &text))
+            }
             Error::Unsupported(what) => {
                 write!(f, "the installed idempotency extension has no {what}")
             }
@@ -147,7 +200,10 @@ impl fmt::Display for Error {
                 let e = self.db_error().expect("a database error");
                 match (e.as_db_error(), self.sqlstate()) {
                     (Some(db), Some(code)) => write!(f, "{} ({code})", db.message()),
-                    _ => write!(f, "{e}"),
+                    _ => {
+                        let text = e.to_string();
+                        write!(f, "{text}{}", causes(std::error::Error::source(e), &text))
+                    }
                 }
             }
         }
@@ -165,7 +221,30 @@ impl std::error::Error for Error {
 
 #[cfg(test)]
 mod tests {
-    use super::unavailable_sqlstate;
+    use super::{causes, unavailable_sqlstate};
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("error connecting to server")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_causes_a_message_leaves_out_are_added() {
+        let e = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused"));
+        assert_eq!(causes(std::error::Error::source(&e), &e.to_string()), ": Connection refused");
+        assert_eq!(causes(std::error::Error::source(&e), "x: Connection refused"), "");
+        assert_eq!(causes(None, "x"), "");
+    }
 
     #[test]
     fn unavailable_sqlstates() {

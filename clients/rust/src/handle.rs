@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 use crate::client::{self, Outcome};
 use crate::error::Error;
+use crate::pool;
 use crate::response::{in_progress, INTERNAL_ERROR, SERVICE_UNAVAILABLE, SUPERSEDED};
 
 /// The recovery point sent by lease renewals before the handler's first checkpoint
@@ -61,6 +62,8 @@ pub(crate) struct Shared {
     pub attempts: i32,
     pub committed_first: bool,
     pub pool: Pool,
+    /// How long to wait for a live connection of `pool`.
+    pub connection_timeout: Duration,
     pub lease: Duration,
     /// The last checkpoint: (recovery_point, recovery_data).
     pub progress: StdMutex<(Option<String>, Option<Value>)>,
@@ -105,7 +108,7 @@ impl Idem {
         // Once the handler's final transaction has begun it holds the record's row lock: the
         // checkpoint goes into that transaction (from another connection it would wait on it).
         if s.committed_first && !s.tx_begun.load(Ordering::SeqCst) {
-            let conn = s.pool.get().await?;
+            let conn = pool::live_within(&s.pool, s.connection_timeout).await?;
             client::checkpoint(&**conn, &s.scope, &s.key, s.token, point, data.as_ref(), Some(s.lease))
                 .await?;
         } else {
@@ -131,7 +134,7 @@ impl Idem {
             if !s.committed_first || s.tx_begun.load(Ordering::SeqCst) {
                 return Err(Error::Unsupported("Idem::db after the handler finished"));
             }
-            let conn = s.pool.get().await?;
+            let conn = pool::live_within(&s.pool, s.connection_timeout).await?;
             s.tx_begun.store(true, Ordering::SeqCst);
             // No renewal from now on: the fencing checkpoint below holds the record's row lock
             // until COMMIT, a renewal would only wait for it.

@@ -13,11 +13,13 @@ use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::response::Response;
 use deadpool_postgres::Pool;
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::client;
 use crate::key;
+use crate::pool;
 use crate::response::{app_problem, INTERNAL_ERROR, KEY_INVALID, KEY_MISSING};
 use crate::run::{committed_first, error_response, same_transaction, Claiming};
 use crate::settings::{Mode, OnServerError, Settings};
@@ -59,6 +61,12 @@ impl IdempotencyLayer {
     /// before it answers 409 (default 5 s).
     pub fn lock_timeout(mut self, d: Duration) -> Self {
         self.settings.lock_timeout = d;
+        self
+    }
+    /// How long a request waits for a live connection of the pool (default 1 s), whatever the
+    /// pool's own timeouts: with the database down, requests answer 503 within this.
+    pub fn connection_timeout(mut self, d: Duration) -> Self {
+        self.settings.connection_timeout = d;
         self
     }
     /// Top-level JSON fields left out of the fingerprint.
@@ -174,10 +182,12 @@ where
             )
         }
     };
+    // One bound for every connection the request waits for before its claim is answered.
+    let deadline = Instant::now() + cfg.connection_timeout;
     let features = match cfg
         .features
         .get_or_try_init(|| async {
-            let conn = cfg.pool.get().await?;
+            let conn = pool::live(&cfg.pool, deadline).await?;
             client::features(&**conn).await
         })
         .await
@@ -185,7 +195,7 @@ where
         Ok(f) => *f,
         Err(e) => return error_response("reading the extension's features", &e),
     };
-    let request = Claiming { cfg: &cfg, features, scope, key, body: bytes };
+    let request = Claiming { cfg: &cfg, features, scope, key, body: bytes, deadline };
     match cfg.mode {
         Mode::SameTransaction => same_transaction(request, parts, inner).await,
         Mode::CommittedFirst => committed_first(request, parts, inner).await,

@@ -19,8 +19,10 @@ mod error;
 mod handle;
 pub mod key;
 mod layer;
+mod pool;
 pub mod response;
 mod run;
+mod send_settings;
 pub mod sender;
 mod settings;
 
@@ -28,4 +30,5 @@ pub use client::{Claim, ClaimArgs, Features, Fingerprint, Outcome, Record};
 pub use error::Error;
 pub use handle::{Db, Disposition, Idem};
 pub use layer::{IdempotencyLayer, Idempotent};
+pub use pool::CONNECTION_TIMEOUT;
 pub use settings::{route_of, Mode, OnServerError, ScopeFn, REFUSED_STATUSES};

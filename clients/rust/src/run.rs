@@ -14,11 +14,13 @@ use deadpool_postgres::Object;
 use futures_util::future::join;
 use serde_json::Value;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::client::{self, Claim, ClaimArgs, Features, Fingerprint, Outcome};
 use crate::error::Error;
 use crate::handle::{Disposition, Idem, Shared, NO_CHECKPOINT};
+use crate::pool;
 use crate::response::{
     body_bytes, from_stored, in_progress, to_stored, Stored, EXPIRED, INTERNAL_ERROR, REUSED,
     SERVICE_UNAVAILABLE, SUPERSEDED,
@@ -66,14 +68,18 @@ pub(crate) struct Claiming<'a> {
     pub(crate) scope: String,
     pub(crate) key: String,
     pub(crate) body: Bytes,
+    /// When the request stops waiting for connections before its claim is answered (503).
+    pub(crate) deadline: Instant,
 }
 
 impl Claiming<'_> {
+    /// `deferred`: same transaction (the claim, the work and `idem_complete` commit together).
     async fn claim(
         &self,
         db: &tokio_postgres::Client,
         lease: Option<Duration>,
         token: uuid::Uuid,
+        deferred: bool,
     ) -> Result<Claim, Error> {
         let json: Option<Value> = serde_json::from_slice(&self.body).ok();
         let fingerprint = match &json {
@@ -88,6 +94,7 @@ impl Claiming<'_> {
             lease,
             wait: self.cfg.wait,
             token: Some(token),
+            deferred,
         };
         let c = client::claim(db, self.features, &args).await?;
         log::info!("pg-idempotency: {} key={:?} outcome={:?}", self.scope, self.key, c.outcome);
@@ -104,6 +111,7 @@ impl Claiming<'_> {
             attempts: claim.attempts.unwrap_or(1),
             committed_first: self.cfg.mode == Mode::CommittedFirst,
             pool: self.cfg.pool.clone(),
+            connection_timeout: self.cfg.connection_timeout,
             lease: self.cfg.lease,
             progress: StdMutex::new((point, claim.recovery_data.clone())),
             renewing: AtomicBool::new(true),
@@ -196,28 +204,9 @@ where
     S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let conn = match r.cfg.pool.get().await {
-        Ok(c) => c,
-        Err(e) => return error_response("pool", &Error::from(e)),
-    };
-    let begin = format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", r.cfg.lock_timeout.as_millis());
-    let tx = InTransaction(Some(conn));
-    // BEGIN and the claim in one round trip: tokio-postgres sends a request when its future is
-    // first polled, and `join` polls the BEGIN first, then the claim, before waiting on either.
-    // A duplicate of a request whose transaction is still open waits in the claim (the unique
-    // index), then answers `replay` (it committed) or `claimed` (it rolled back).
-    let token = uuid::Uuid::new_v4();
-    let (begun, claimed) = join(tx.conn().batch_execute(&begin), r.claim(tx.conn(), None, token)).await;
-    let claim = match (begun, claimed) {
-        (Ok(()), Ok(c)) => c,
-        (Err(e), _) => {
-            let _ = tx.end(false).await;
-            return error_response("BEGIN", &Error::from(e));
-        }
-        (Ok(()), Err(e)) => {
-            let _ = tx.end(false).await;
-            return error_response("idem_claim", &e);
-        }
+    let (tx, claim) = match claim_in_transaction(&r).await {
+        Ok(claimed) => claimed,
+        Err(answer) => return answer,
     };
     if !claim.outcome.owns() {
         // The claim wrote nothing: the answer goes out now, the ROLLBACK after it.
@@ -233,7 +222,7 @@ where
     let tx = InTransaction(Some(conn));
     match r.disposition(&response) {
         Disposition::Store => match stored_form(&r, response).await {
-            Ok(stored) => complete_and_commit(&shared, tx, &stored).await,
+            Ok(stored) => complete_and_commit(&shared, tx, &stored, true).await,
             Err(answer) => {
                 let _ = tx.end(false).await;
                 answer
@@ -244,6 +233,44 @@ where
             response
         }
     }
+}
+
+/// A live connection with `BEGIN` and the (deferred) claim sent on it in one round trip, the
+/// transaction left open; or the answer to send. A claim whose connection turned out dead on
+/// the way (the server restarted, or ended the session) is sent once more on another
+/// connection: its transaction did not commit. Connections are waited for until the
+/// request's deadline.
+async fn claim_in_transaction(r: &Claiming<'_>) -> Result<(InTransaction, Claim), Response> {
+    let deadline = r.deadline;
+    let begin = format!("BEGIN; SET LOCAL lock_timeout = '{}ms'", r.cfg.lock_timeout.as_millis());
+    let token = uuid::Uuid::new_v4();
+    for last in [false, true] {
+        let conn = pool::live(&r.cfg.pool, deadline).await.map_err(|e| error_response("pool", &e))?;
+        let tx = InTransaction(Some(conn));
+        // BEGIN and the claim in one round trip: tokio-postgres sends a request when its future
+        // is first polled, and `join` polls the BEGIN first, then the claim, before waiting on
+        // either. A duplicate of a request whose transaction is still open waits in the claim
+        // (the key lock), then answers `replay` (it committed) or `claimed` (it rolled back).
+        let (begun, claimed) =
+            join(tx.conn().batch_execute(&begin), r.claim(tx.conn(), None, token, true)).await;
+        let e = match (begun, claimed) {
+            (Ok(()), Ok(c)) => return Ok((tx, c)),
+            (Err(e), _) => Error::from(e),
+            (Ok(()), Err(e)) => e,
+        };
+        if !last && e.unavailable() {
+            log::warn!(
+                "pg-idempotency: {} key={:?}: the claim's connection was lost ({e}); sending it again on another",
+                r.scope,
+                r.key
+            );
+            drop(tx); // closed, out of the pool
+            continue;
+        }
+        let _ = tx.end(false).await;
+        return Err(error_response("idem_claim", &e));
+    }
+    unreachable!("the second try returns")
 }
 
 /// The stored form of the handler's response, or the error answer when it cannot be stored
@@ -278,10 +305,13 @@ async fn complete(
 }
 
 /// The answer to send after `idem_complete`: the stored bytes, or an error answer.
+/// `uncommitted_is_unavailable`: the transaction held all the work (same transaction), so a
+/// session the server ended before it committed means nothing was done (503).
 fn completed(
     shared: &Shared,
     stored: &Stored,
     done: Result<Option<String>, Error>,
+    uncommitted_is_unavailable: bool,
 ) -> Result<Response, Response> {
     match done {
         Ok(text) => {
@@ -296,19 +326,59 @@ fn completed(
             );
             Err(SUPERSEDED.response(1))
         }
+        Err(e) if uncommitted_is_unavailable && (ended_uncommitted(&e) || e.connection_lost()) => {
+            // No answer to idem_complete: the COMMIT sent with it never ran. PostgreSQL flushes
+            // a statement's answer (at its ReadyForQuery) before it reads the next one, so a
+            // server that ran the COMMIT had sent idem_complete's answer first; and the server's
+            // goodbye that tokio-postgres reads while no request is pending (a 57P01 to an idle
+            // session) ends the connection before the two were written.
+            Err(nothing_committed(shared, &e))
+        }
         Err(e) => Err(error_after_work("idem_complete", &e)),
     }
+}
+
+/// The server ended the session while the statement ran, so its transaction did not commit:
+/// 57P01 (a fast or smart shutdown, `pg_terminate_backend`). The server acts on it only where the
+/// transaction can still roll back, never inside a commit, and a COMMIT's own answer goes out
+/// before the next such check. (A crash, 57P02, or a COMMIT's connection lost after
+/// idem_complete was answered, can come after the commit: the outcome is unknown, a 500.)
+fn ended_uncommitted(e: &Error) -> bool {
+    e.sqlstate() == Some("57P01")
+}
+
+fn nothing_committed(shared: &Shared, why: &dyn std::fmt::Display) -> Response {
+    log::warn!(
+        "pg-idempotency: {} key={:?}: the server ended the session before the COMMIT ({why}); nothing was committed",
+        shared.scope,
+        shared.key
+    );
+    SERVICE_UNAVAILABLE.response(1)
 }
 
 /// `idem_complete` and `COMMIT` in one round trip (pipelined as BEGIN and the claim are). A
 /// failed `idem_complete` aborts the transaction and the COMMIT then rolls it back, so the
 /// answers stay what they were with two trips: the complete's error as before; a COMMIT
 /// without an answer is an error after the work (outcome unknown), never a success.
-async fn complete_and_commit(shared: &Shared, tx: InTransaction, stored: &Stored) -> Response {
+/// `uncommitted_is_unavailable` (same transaction): a connection the server closed before they
+/// were sent, lost before idem_complete was answered, or a 57P01 in answer to either, is a 503:
+/// nothing was committed.
+async fn complete_and_commit(
+    shared: &Shared,
+    tx: InTransaction,
+    stored: &Stored,
+    uncommitted_is_unavailable: bool,
+) -> Response {
+    if uncommitted_is_unavailable && tx.conn().is_closed() {
+        return nothing_committed(shared, &"the connection was closed while the handler ran");
+    }
     let (done, commit) = join(complete(tx.conn(), shared, stored), tx.conn().batch_execute("COMMIT")).await;
     let committed = tx.ended(commit);
-    match (completed(shared, stored, done), committed) {
+    match (completed(shared, stored, done, uncommitted_is_unavailable), committed) {
         (Ok(answer), Ok(())) => answer,
+        (Ok(_), Err(e)) if uncommitted_is_unavailable && ended_uncommitted(&e) => {
+            nothing_committed(shared, &e)
+        }
         (Ok(_), Err(e)) => error_after_work("COMMIT", &e),
         (Err(answer), _) => answer,
     }
@@ -323,16 +393,17 @@ where
     // COMMIT may or may not have happened) is repeated once with the same token: the extension
     // answers `claimed` again if the first one did commit.
     let token = uuid::Uuid::new_v4();
+    let deadline = r.deadline;
     let mut tries = if r.features.claim_wait_and_token { 2 } else { 1 };
     let claim = loop {
         tries -= 1;
-        let attempt = match r.cfg.pool.get().await {
-            Ok(conn) => r.claim(&conn, Some(r.cfg.lease), token).await,
-            Err(e) => Err(Error::from(e)),
+        let attempt = match pool::live(&r.cfg.pool, deadline).await {
+            Ok(conn) => r.claim(&conn, Some(r.cfg.lease), token, false).await,
+            Err(e) => Err(e),
         };
         match attempt {
             Ok(c) => break c,
-            Err(e) if tries > 0 && e.connection_lost() => {
+            Err(e) if tries > 0 && e.unavailable() && !matches!(e, Error::Pool(_)) => {
                 log::warn!("pg-idempotency: idem_claim: {e}; repeating it with the same token")
             }
             Err(e) => return error_response("idem_claim", &e),
@@ -369,11 +440,11 @@ where
                 }
             };
             match tx {
-                Some(tx) => complete_and_commit(&shared, tx, &stored).await,
-                None => match r.cfg.pool.get().await {
-                    Ok(conn) => completed(&shared, &stored, complete(&conn, &shared, &stored).await)
+                Some(tx) => complete_and_commit(&shared, tx, &stored, false).await,
+                None => match pool::live_within(&r.cfg.pool, r.cfg.connection_timeout).await {
+                    Ok(conn) => completed(&shared, &stored, complete(&conn, &shared, &stored).await, false)
                         .unwrap_or_else(|answer| answer),
-                    Err(e) => error_after_work("pool", &Error::from(e)),
+                    Err(e) => error_after_work("pool", &e),
                 },
             }
         }
@@ -381,7 +452,7 @@ where
             if let Some(tx) = tx {
                 let _ = tx.end(false).await;
             }
-            match r.cfg.pool.get().await {
+            match pool::live_within(&r.cfg.pool, r.cfg.connection_timeout).await {
                 Ok(conn) => match client::release(&**conn, &shared.scope, &shared.key, shared.token).await {
                     Ok(true) => log::info!("pg-idempotency: {} key={:?}: released", shared.scope, shared.key),
                     Ok(false) => log::warn!(
@@ -415,7 +486,7 @@ async fn renew(shared: &Shared) -> Error {
         }
         let (point, data) = shared.progress.lock().unwrap().clone();
         let point = point.unwrap_or_else(|| NO_CHECKPOINT.to_owned());
-        let result = match shared.pool.get().await {
+        let result = match pool::live_within(&shared.pool, shared.connection_timeout).await {
             Ok(conn) => {
                 client::checkpoint(
                     &**conn,
@@ -428,7 +499,7 @@ async fn renew(shared: &Shared) -> Error {
                 )
                 .await
             }
-            Err(e) => Err(Error::from(e)),
+            Err(e) => Err(e),
         };
         match result {
             Ok(_) => {}

@@ -10,19 +10,21 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
+use futures_util::future::{join4, join_all};
 use serde_json::Value;
-use tokio::sync::Notify;
-use tokio_postgres::types::Type;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, GenericClient, Row};
 use uuid::Uuid;
 
 use crate::client::interval;
 use crate::error::Error;
+use crate::send_settings::{check_interval, check_timeout, reconnect_delay, setting_values};
 
 /// The channel `idem_send` notifies when a send is committed.
 pub const CHANNEL: &str = "idempotency_send";
@@ -246,6 +248,12 @@ type SendFn = Arc<dyn Fn(Attempt) -> SendFuture + Send + Sync>;
 type OnAttempt = Arc<dyn Fn(&Attempt, &Answer) + Send + Sync>;
 type OnFinished = Arc<dyn Fn(&Attempt, &SendResult) + Send + Sync>;
 
+/// The `log` target of the sender's records. The worker's database errors are WARN records
+/// with the key-values `db_error` (the SQLSTATE, or the error's class: [`Error::code_or_class`])
+/// and `message` (the error's first line); its reconnections INFO records with
+/// `db_reconnected = true`.
+pub const LOG_TARGET: &str = "pg_idempotency::sender";
+
 const NEXT_SQL: &str =
     "SELECT scope, operation, target, key, request, attempt, token, locked_until, give_up_at
   FROM idempotency.idem_send_next(target => $1, max_rows => $2, lease => $3::interval, scope => $4,
@@ -268,11 +276,25 @@ struct Inner {
     pool: Pool,
     listen: Option<tokio_postgres::Config>,
     send: SendFn,
+    timeout: Duration,
     lease: Duration,
+    /// `set_config(name, value, true)` in each transaction of idem_send_next / idem_send_result.
+    settings: Vec<(&'static str, String)>,
+    give_up_after: Option<Duration>,
+    reconnect: (Duration, Duration),
     concurrency: usize,
     poll_interval: Duration,
     on_attempt: Option<OnAttempt>,
     on_finished: Option<OnFinished>,
+    /// Answers the database went away before recording (the worker records them once back).
+    unrecorded: std::sync::Mutex<Vec<Unrecorded>>,
+}
+
+/// An attempt's answer not recorded yet; `lease_end` is at or before the end of its lease.
+struct Unrecorded {
+    attempt: Attempt,
+    answer: Answer,
+    lease_end: Instant,
 }
 
 /// The settings of a [`Sender`].
@@ -286,6 +308,11 @@ pub struct SenderBuilder {
     headers: HashMap<String, Vec<(String, String)>>,
     timeout: Duration,
     lease: Duration,
+    retry_budget: Option<f64>,
+    backoff_base: Option<Duration>,
+    backoff_cap: Option<Duration>,
+    give_up_after: Option<Duration>,
+    reconnect: (Duration, Duration),
     concurrency: usize,
     poll_interval: Duration,
     on_attempt: Option<OnAttempt>,
@@ -297,16 +324,19 @@ pub struct SenderBuilder {
 pub enum BuildError {
     /// Neither a URL per target nor a send function was given.
     NoTransport,
-    /// The attempt's timeout must be shorter than the lease a sender holds a send for.
-    TimeoutNotBelowLease,
+    /// The attempt's timeout must be above zero and shorter than the lease a sender holds a
+    /// send for.
+    TimeoutNotBelowLease(String),
+    /// A setting out of the extension's range (the message says which).
+    Setting(String),
 }
 
 impl std::fmt::Display for BuildError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BuildError::NoTransport => "give a URL per target or a send function",
-            BuildError::TimeoutNotBelowLease => "the timeout must be shorter than the lease",
-        })
+        match self {
+            BuildError::NoTransport => f.write_str("give a URL per target or a send function"),
+            BuildError::TimeoutNotBelowLease(why) | BuildError::Setting(why) => f.write_str(why),
+        }
     }
 }
 
@@ -336,7 +366,7 @@ impl SenderBuilder {
 
     /// Your own transport: an [`Attempt`] in, an [`Answer`] out (never an error: return
     /// [`Answer::no_answer`] when no answer came). Send `key_header(&attempt.key)` as the
-    /// `Idempotency-Key` header.
+    /// `Idempotency-Key` header. The sender's timeout bounds it as it bounds its own HTTP.
     pub fn send_with<F, Fut>(mut self, send: F) -> Self
     where
         F: Fn(Attempt) -> Fut + Send + Sync + 'static,
@@ -346,7 +376,8 @@ impl SenderBuilder {
         self
     }
 
-    /// Bounds one HTTP attempt (default 10 s).
+    /// Bounds one attempt in total, from connecting to the whole answer (default 10 s); must be
+    /// below the lease.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -355,6 +386,41 @@ impl SenderBuilder {
     /// How long a sender holds a send before another may take it over (default 30 s).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// This sender's retry budget (`idempotency.send_retry_budget`, 0 to 1,000,000; 0: no
+    /// retries), set in each of its transactions; by default the database's.
+    pub fn retry_budget(mut self, budget: f64) -> Self {
+        self.retry_budget = Some(budget);
+        self
+    }
+
+    /// This sender's first backoff bound (`idempotency.send_backoff_base`), set in each of its
+    /// transactions; by default the database's.
+    pub fn backoff_base(mut self, base: Duration) -> Self {
+        self.backoff_base = Some(base);
+        self
+    }
+
+    /// This sender's largest backoff bound (`idempotency.send_backoff_cap`), set in each of its
+    /// transactions; by default the database's.
+    pub fn backoff_cap(mut self, cap: Duration) -> Self {
+        self.backoff_cap = Some(cap);
+        self
+    }
+
+    /// How long [`Sender::prepare`] gives a send (`idem_send`'s `give_up_after`); by default
+    /// the database's `idempotency.send_give_up_after`.
+    pub fn give_up_after(mut self, after: Duration) -> Self {
+        self.give_up_after = Some(after);
+        self
+    }
+
+    /// The worker's waits between reconnections after database errors: full jitter up to
+    /// `base * 2^(errors in a row - 1)`, at most `cap` (default 100 ms and 5 s).
+    pub fn reconnect(mut self, base: Duration, cap: Duration) -> Self {
+        self.reconnect = (base, cap);
         self
     }
 
@@ -383,9 +449,14 @@ impl SenderBuilder {
     }
 
     pub fn build(self) -> Result<Sender, BuildError> {
-        if self.timeout >= self.lease {
-            return Err(BuildError::TimeoutNotBelowLease);
-        }
+        check_timeout(self.timeout, self.lease).map_err(|e| BuildError::TimeoutNotBelowLease(e.0))?;
+        let settings = setting_values(self.retry_budget, self.backoff_base, self.backoff_cap)
+            .map_err(|e| BuildError::Setting(e.0))?;
+        let give_up_after = self
+            .give_up_after
+            .map(|d| check_interval("give_up_after", d))
+            .transpose()
+            .map_err(|e| BuildError::Setting(e.0))?;
         let send = match self.send {
             Some(send) => send,
             #[cfg(feature = "reqwest")]
@@ -397,18 +468,33 @@ impl SenderBuilder {
                 pool: self.pool,
                 listen: self.listen,
                 send,
+                timeout: self.timeout,
                 lease: self.lease,
+                settings,
+                give_up_after,
+                reconnect: self.reconnect,
                 concurrency: self.concurrency,
                 poll_interval: self.poll_interval,
                 on_attempt: self.on_attempt,
                 on_finished: self.on_finished,
+                unrecorded: std::sync::Mutex::new(Vec::new()),
             }),
         })
     }
 }
 
+/// What one round of the worker came to.
+enum Round {
+    /// It attempted sends: look again at once.
+    Worked,
+    /// Nothing was due.
+    Idle,
+    /// `until_idle` and nothing of the target is pending or sending.
+    Finished,
+}
+
 impl Sender {
-    /// A sender whose database calls go through `pool` (autocommit statements).
+    /// A sender whose database calls go through `pool`.
     pub fn builder(pool: Pool) -> SenderBuilder {
         SenderBuilder {
             pool,
@@ -420,6 +506,11 @@ impl Sender {
             headers: HashMap::new(),
             timeout: Duration::from_secs(10),
             lease: Duration::from_secs(30),
+            retry_budget: None,
+            backoff_base: None,
+            backoff_cap: None,
+            give_up_after: None,
+            reconnect: (Duration::from_millis(100), Duration::from_secs(5)),
             concurrency: 4,
             poll_interval: Duration::from_secs(1),
             on_attempt: None,
@@ -427,12 +518,62 @@ impl Sender {
         }
     }
 
+    /// [`prepare`], with this sender's `give_up_after` when `options` gives none.
+    pub async fn prepare(
+        &self,
+        db: &impl GenericClient,
+        scope: &str,
+        operation: &str,
+        target: &str,
+        request: Option<&Value>,
+        options: PrepareOptions<'_>,
+    ) -> Result<Prepared, Error> {
+        let options =
+            PrepareOptions { give_up_after: options.give_up_after.or(self.inner.give_up_after), ..options };
+        prepare(db, scope, operation, target, request, options).await
+    }
+
+    /// One call of the extension, with this sender's settings: without any, one autocommit
+    /// statement; with them, `BEGIN`, `set_config(..., true)`, the call and `COMMIT` sent at
+    /// once (one round trip; a failed call makes the COMMIT a rollback), so they hold for that
+    /// transaction only, through PgBouncer in transaction mode too.
+    async fn call(&self, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> Result<Vec<Row>, Error> {
+        let db = self.inner.pool.get().await?;
+        if self.inner.settings.is_empty() {
+            return Ok(db.query_typed(sql, params).await?);
+        }
+        let set = (0..self.inner.settings.len())
+            .map(|i| format!("set_config(${}, ${}, true)", 2 * i + 1, 2 * i + 2))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let set = format!("SELECT {set}");
+        let values: Vec<(&(dyn ToSql + Sync), Type)> = self
+            .inner
+            .settings
+            .iter()
+            .flat_map(|(name, value)| [(name as &(dyn ToSql + Sync), Type::TEXT), (value as _, Type::TEXT)])
+            .collect();
+        let (begun, set, called, committed) = join4(
+            db.batch_execute("BEGIN"),
+            db.query_typed(&set, &values),
+            db.query_typed(sql, params),
+            db.batch_execute("COMMIT"),
+        )
+        .await;
+        begun?;
+        set?;
+        let rows = called?;
+        committed?;
+        Ok(rows)
+    }
+
     /// Right after the COMMIT that prepared it: one attempt of this send, if it is due and no
     /// other sender holds it; otherwise (or after a retryable answer) where it is now. The
     /// retries are the worker's. [`Error::NoSend`] when the operation was never prepared (or
-    /// its transaction rolled back).
+    /// its transaction rolled back). A database error is returned (the worker takes the send
+    /// again when its lease ends).
     pub async fn deliver(&self, scope: &str, operation: &str) -> Result<SendResult, Error> {
-        match self.take(None, 1, Some(scope), Some(operation)).await?.pop() {
+        match self.take(None, 1, Some(scope), Some(operation)).await?.0.pop() {
             Some(taken) => self.attempt(taken).await,
             None => self
                 .status(scope, operation)
@@ -470,13 +611,36 @@ impl Sender {
         }))
     }
 
-    /// One HTTP attempt of a send this sender holds, and its result recorded.
-    pub async fn attempt(&self, attempt: Attempt) -> Result<SendResult, Error> {
-        let answer = (self.inner.send)(attempt.clone()).await;
+    /// The answer to one attempt, within the sender's timeout from connecting to the whole
+    /// answer (after it: no answer, "timed out"; the connection is dropped).
+    async fn answer(&self, attempt: &Attempt) -> Answer {
+        let answer = match tokio::time::timeout(self.inner.timeout, (self.inner.send)(attempt.clone())).await
+        {
+            Ok(answer) => answer,
+            Err(_) => Answer::no_answer("timed out"),
+        };
         if let Some(f) = &self.inner.on_attempt {
-            f(&attempt, &answer);
+            f(attempt, &answer);
         }
+        answer
+    }
+
+    /// One attempt of a send this sender holds, and its result recorded.
+    pub async fn attempt(&self, attempt: Attempt) -> Result<SendResult, Error> {
+        let answer = self.answer(&attempt).await;
         self.record(&attempt, &answer).await
+    }
+
+    /// [`attempt`](Sender::attempt), keeping the answer when the database fails to record it.
+    async fn attempt_kept(&self, attempt: Attempt, lease_end: Instant) -> Result<SendResult, Error> {
+        let answer = self.answer(&attempt).await;
+        match self.record(&attempt, &answer).await {
+            Err(e) => {
+                self.inner.unrecorded.lock().unwrap().push(Unrecorded { attempt, answer, lease_end });
+                Err(e)
+            }
+            done => done,
+        }
     }
 
     async fn record(&self, attempt: &Attempt, answer: &Answer) -> Result<SendResult, Error> {
@@ -488,9 +652,8 @@ impl Sender {
             .status
             .and_then(|_| answer.headers.get("retry-after"))
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let db = self.inner.pool.get().await?;
-        let row = db
-            .query_typed_one(
+        let rows = self
+            .call(
                 RESULT_SQL,
                 &[
                     (&attempt.scope, Type::TEXT),
@@ -504,14 +667,21 @@ impl Sender {
                 ],
             )
             .await;
-        let row = match row.map_err(Error::from) {
+        let row = match rows {
             Err(Error::NotOwner(_)) => {
                 return Ok(SendResult::Lost {
                     scope: attempt.scope.clone(),
                     operation: attempt.operation.clone(),
                 })
             }
-            other => other?,
+            // Recorded already: the COMMIT's answer was lost with the connection.
+            Err(Error::AlreadyCompleted(_)) => {
+                return self.status(&attempt.scope, &attempt.operation).await?.ok_or_else(|| Error::NoSend {
+                    scope: attempt.scope.clone(),
+                    operation: attempt.operation.clone(),
+                })
+            }
+            other => other?.into_iter().next().ok_or(Error::UnknownOutcome("no row".into()))?,
         };
         let (attempts, last_status, last_error) = (row.get("attempts"), answer.status, answer.error.clone());
         let result = match state_of(&row, "state")? {
@@ -537,17 +707,19 @@ impl Sender {
         Ok(result)
     }
 
+    /// Due sends, and an instant at or before the end of their lease (it began at the
+    /// transaction's now(), after this instant).
     async fn take(
         &self,
         target: Option<&str>,
         max_rows: usize,
         scope: Option<&str>,
         operation: Option<&str>,
-    ) -> Result<Vec<Attempt>, Error> {
-        let db = self.inner.pool.get().await?;
+    ) -> Result<(Vec<Attempt>, Instant), Error> {
+        let before = Instant::now();
         let max_rows = i32::try_from(max_rows).unwrap_or(i32::MAX);
-        let rows = db
-            .query_typed(
+        let rows = self
+            .call(
                 NEXT_SQL,
                 &[
                     (&target, Type::TEXT),
@@ -558,7 +730,7 @@ impl Sender {
                 ],
             )
             .await?;
-        Ok(rows
+        let taken = rows
             .iter()
             .map(|r| Attempt {
                 scope: r.get("scope"),
@@ -571,18 +743,53 @@ impl Sender {
                 locked_until: r.get("locked_until"),
                 give_up_at: r.get("give_up_at"),
             })
-            .collect())
+            .collect();
+        Ok((taken, before + self.inner.lease))
     }
 
     /// One round: takes up to `concurrency` due sends of `target` (of any: None), attempts
-    /// them at once, records each answer. Returns how many it attempted.
+    /// them at once, records each answer. Returns how many it attempted. A database error is
+    /// returned once every attempt of the round has ended; the answers it kept from being
+    /// recorded are recorded by the worker ([`run`](Sender::run)) once it has reconnected,
+    /// while their lease holds.
     pub async fn run_once(&self, target: Option<&str>) -> Result<usize, Error> {
-        let taken = self.take(target, self.inner.concurrency, None, None).await?;
+        let (taken, lease_end) = self.take(target, self.inner.concurrency, None, None).await?;
         let n = taken.len();
-        for result in futures_util::future::join_all(taken.into_iter().map(|a| self.attempt(a))).await {
+        let results = join_all(taken.into_iter().map(|a| self.attempt_kept(a, lease_end))).await;
+        for result in results {
             result?;
         }
         Ok(n)
+    }
+
+    /// Records the answers a database error kept from being recorded, those whose lease still
+    /// holds (the others are left to be taken again, with the same key).
+    async fn record_unrecorded(&self) -> Result<(), Error> {
+        let kept = std::mem::take(&mut *self.inner.unrecorded.lock().unwrap());
+        let mut kept = kept.into_iter();
+        while let Some(u) = kept.next() {
+            let a = &u.attempt;
+            if Instant::now() >= u.lease_end {
+                log::info!(
+                    target: LOG_TARGET,
+                    "the answer to {} / {} (attempt {}) was not recorded before its lease ended: the send is left to be taken again",
+                    a.scope, a.operation, a.attempt
+                );
+                continue;
+            }
+            if let Err(e) = self.record(a, &u.answer).await {
+                let mut unrecorded = self.inner.unrecorded.lock().unwrap();
+                unrecorded.push(u);
+                unrecorded.extend(kept);
+                return Err(e);
+            }
+            log::info!(
+                target: LOG_TARGET,
+                "recorded the answer to {} / {} (attempt {}) after reconnecting",
+                a.scope, a.operation, a.attempt
+            );
+        }
+        Ok(())
     }
 
     /// No send of `target` (of any target: None) is pending or sending.
@@ -595,69 +802,143 @@ impl Sender {
     /// them it waits for a NOTIFY on `idempotency_send` (with [`SenderBuilder::listen`]) or
     /// the poll interval, whichever first. Returns when `shutdown` completes (after the
     /// attempts in flight are recorded) or, with `until_idle`, when nothing of the target is
-    /// left to send. A database error ends it: run it again (its sends stay in the table).
+    /// left to send.
+    ///
+    /// A database error (the backend terminated, the server restarting or down, a failover,
+    /// a deadlock, a serialization failure) does not end it: it is logged (`log`, target
+    /// [`LOG_TARGET`], WARN with the key-values `db_error` and `message`), its LISTEN session
+    /// is dropped, and after a wait of exponential backoff with full jitter
+    /// ([`SenderBuilder::reconnect`]) the worker reconnects (INFO, `db_reconnected = true`),
+    /// records the answers the error kept from being recorded while their lease holds, and
+    /// goes on.
     pub async fn run(
         &self,
         target: Option<&str>,
         until_idle: bool,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), Error> {
+    ) {
         let wake = Arc::new(Notify::new());
-        let stopped = Arc::new(AtomicBool::new(false));
+        let (stop_tx, mut stop) = watch::channel(false);
         let stopper = {
-            let (wake, stopped) = (wake.clone(), stopped.clone());
+            let wake = wake.clone();
             tokio::spawn(async move {
                 shutdown.await;
-                stopped.store(true, Ordering::SeqCst);
+                let _ = stop_tx.send(true);
                 wake.notify_one();
             })
         };
-        let listener = match &self.inner.listen {
-            Some(config) => Some(listen(config, wake.clone()).await?),
-            None => None,
-        };
-        let result = async {
-            while !stopped.load(Ordering::SeqCst) {
+        let mut listener: Option<Listener> = None;
+        let (mut failures, mut connected) = (0u32, false);
+        while !*stop.borrow() {
+            let round = async {
+                if !connected {
+                    if let Some(config) = &self.inner.listen {
+                        listener = Some(Listener::start(config, wake.clone()).await?);
+                    } else {
+                        self.inner.pool.get().await?.batch_execute("").await?;
+                    }
+                    connected = true;
+                    if failures > 0 {
+                        log::info!(target: LOG_TARGET, db_reconnected = true; "reconnected to the database");
+                    }
+                    self.record_unrecorded().await?;
+                }
+                if let Some(l) = &listener {
+                    l.check().await?;
+                }
                 if self.run_once(target).await? > 0 {
-                    continue;
+                    return Ok(Round::Worked);
                 }
                 if until_idle && self.idle(target).await? {
-                    break;
+                    return Ok(Round::Finished);
                 }
-                let _ = tokio::time::timeout(self.inner.poll_interval, wake.notified()).await;
+                Ok::<_, Error>(Round::Idle)
             }
-            Ok(())
+            .await;
+            match round {
+                Ok(Round::Worked) => failures = 0,
+                Ok(Round::Finished) => break,
+                Ok(Round::Idle) => {
+                    failures = 0;
+                    let _ = tokio::time::timeout(self.inner.poll_interval, wake.notified()).await;
+                }
+                Err(e) => {
+                    failures += 1;
+                    let (base, cap) = self.inner.reconnect;
+                    let delay = reconnect_delay(failures, base, cap, rand::random::<f64>());
+                    let (code, line) = (e.code_or_class(), first_line(&e));
+                    log::warn!(
+                        target: LOG_TARGET,
+                        db_error = code.as_str(), message = line.as_str();
+                        "database error ({code}): {line}; reconnecting in {delay:?}"
+                    );
+                    listener = None;
+                    connected = false;
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.wait_for(|stopped| *stopped) => {}
+                    }
+                }
+            }
         }
-        .await;
         stopper.abort();
-        if let Some((_client, task)) = listener {
-            task.abort();
-        }
-        result
     }
 }
 
+/// The first line of an error's message (for a log line of its own).
+fn first_line(e: &Error) -> String {
+    let text = e.to_string();
+    text.lines().next().unwrap_or("").trim().to_owned()
+}
+
 /// A session that LISTENs on [`CHANNEL`] and wakes the worker on each notification. Its
-/// messages are read by a task of their own; the client is kept with it.
-async fn listen(
-    config: &tokio_postgres::Config,
-    wake: Arc<Notify>,
-) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), Error> {
-    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
-    let task = tokio::spawn(async move {
-        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
-                Ok(_) => {}
-                Err(e) => {
-                    log::warn!("the sender's LISTEN session failed: {e}; polling only");
-                    return;
+/// messages are read by a task of its own, dropped with it.
+struct Listener {
+    client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<()>,
+    /// The error that ended the session, if one did.
+    failed: Arc<std::sync::Mutex<Option<tokio_postgres::Error>>>,
+}
+
+impl Listener {
+    async fn start(config: &tokio_postgres::Config, wake: Arc<Notify>) -> Result<Listener, Error> {
+        let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let ended = failed.clone();
+        let task = tokio::spawn(async move {
+            while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        *ended.lock().unwrap() = Some(e);
+                        break;
+                    }
                 }
             }
+            wake.notify_one(); // the session ended: the worker finds out at once
+        });
+        let listener = Listener { client, task, failed };
+        listener.client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+        Ok(listener)
+    }
+
+    /// The error that ended the session, if it ended.
+    async fn check(&self) -> Result<(), Error> {
+        if let Some(e) = self.failed.lock().unwrap().take() {
+            return Err(e.into());
         }
-    });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-    Ok((client, task))
+        if self.client.is_closed() {
+            self.client.batch_execute("").await?; // the client's own "closed" error
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 #[cfg(feature = "reqwest")]

@@ -32,9 +32,10 @@ pub enum OnServerError {
     Store,
 }
 
-/// Handler answers that mean "refused before any work" (the other packages' list, plus 422,
-/// which axum's `Json` extractor answers for a body of the wrong shape): never stored, the claim
-/// is given back, so the client can fix the request and retry with the same key.
+/// Handler answers that mean "refused before any work" (contract/contract.json's
+/// `refused_statuses`, the same in every package; 422 is also what axum's `Json` extractor
+/// answers for a body of the wrong shape): never stored, the claim is given back, so the client
+/// can fix the request and retry with the same key.
 pub const REFUSED_STATUSES: [u16; 13] = [400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 422, 429];
 
 /// Computes the scope of a request, or answers it at once (for example 401 without a tenant).
@@ -59,6 +60,8 @@ pub(crate) struct Settings {
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) lock_timeout: Duration,
+    /// How long a request waits for a live connection of the pool before its 503.
+    pub(crate) connection_timeout: Duration,
     pub(crate) ignore: Vec<String>,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) on_server_error: OnServerError,
@@ -79,6 +82,7 @@ impl Settings {
             ttl: None,
             wait: None,
             lock_timeout: Duration::from_secs(5),
+            connection_timeout: crate::pool::CONNECTION_TIMEOUT,
             ignore: Vec::new(),
             replay_headers: vec![header::LOCATION, header::CONTENT_TYPE],
             on_server_error: OnServerError::Release,

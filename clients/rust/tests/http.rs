@@ -42,6 +42,39 @@ async fn bad_keys_are_400_before_any_claim_and_bare_uuids_are_keys() {
     assert_eq!(records(&db, &tenant).await, 0, "nothing was claimed");
     assert_eq!(charges(&db, &tenant).await, 0);
     bare_keys(&server).await;
+    what_hyper_hands_over(&server, &db).await;
+}
+
+/// What the README says of control characters, spaces and non-ASCII bytes in the key, as hyper
+/// (axum's HTTP/1 server) really hands them over (on the test above's demo app).
+async fn what_hyper_hands_over(server: &Server, db: &tokio_postgres::Client) {
+    let tenant = unique("acct_hyper");
+    let send = |key: &str| {
+        let (tenant, key) = (tenant.clone(), key.to_owned());
+        async move {
+            let headers = [("X-Api-Key", tenant.as_str()), ("Idempotency-Key", key.as_str())];
+            request(server.port, "POST", "/charges", &headers, BODY.as_bytes()).await.unwrap()
+        }
+    };
+    // Control characters but the tab: hyper refuses the request itself (400, empty body).
+    for key in ["\"a\u{0}b\"", "\"a\u{1}b\"", "a\u{1f}b", "\"a\u{7f}b\"", "a\u{7f}b"] {
+        let r = send(key).await;
+        assert_eq!((r.status, r.header("content-type"), r.body.len()), (400, None, 0), "{key:?}: {r:?}");
+    }
+    // A tab inside, or a byte that is not ASCII: the layer's 400 problem.
+    for key in ["\"a\tb\"", "a\tb", "\"caf\u{e9}\"", "k\u{e9}"] {
+        let r = send(key).await;
+        assert!(r.is_problem(400), "{key:?}: {r:?}");
+    }
+    assert_eq!(records(db, &tenant).await, 0, "nothing was claimed");
+    // Spaces and tabs around the value are not part of it; a space inside quotes is.
+    let key = unique("k");
+    let first = send(&format!(" \t\"{key}\"\t ")).await;
+    assert_eq!((first.status, first.replayed()), (201, false), "{first:?}");
+    let again = send(&format!("\"{key}\"")).await;
+    assert!(again.replayed() && again.body == first.body, "{again:?}");
+    let spaced = send(&format!("\"{key} b\"")).await;
+    assert_eq!((spaced.status, spaced.replayed()), (201, false), "another key: {spaced:?}");
 }
 
 /// A bare UUID is a key, the same key as its quoted form (on the test above's demo app: a server

@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{header, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -204,4 +205,51 @@ async fn an_unreachable_database_is_a_503_with_retry_after_in_both_modes() {
         assert_eq!(r.json()["type"], "urn:pg-idempotency:problem:service-unavailable");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_never_answers_is_a_503_within_the_layers_own_bound() {
+    // A server that accepts connections and never says a word (a hung host): deadpool, whose
+    // pool here has no timeouts (its default), would wait for it forever.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = silent.accept().await {
+            keep.lock().unwrap().push(socket);
+        }
+    });
+    let pg: tokio_postgres::Config =
+        format!("postgresql://postgres@127.0.0.1:{silent_port}/postgres").parse().unwrap();
+    let manager = Manager::from_config(
+        pg,
+        tokio_postgres::NoTls,
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
+    let hung = Pool::builder(manager).max_size(2).build().unwrap();
+    async fn handler(_: Idem) -> Response {
+        StatusCode::CREATED.into_response()
+    }
+    let layer = IdempotencyLayer::new(hung);
+    let app = Router::new()
+        .route("/same", routing::post(handler).layer(layer.clone()))
+        .route(
+            "/quick",
+            routing::post(handler).layer(layer.clone().connection_timeout(Duration::from_millis(300))),
+        )
+        .route("/first", routing::post(handler).layer(layer.committed_first(Duration::from_secs(5))));
+    let port = serve(app).await;
+    for (path, bound) in [
+        ("/same", Duration::from_secs(2)),
+        ("/first", Duration::from_secs(2)),
+        ("/quick", Duration::from_millis(800)),
+    ] {
+        let started = std::time::Instant::now();
+        let r = post(port, path, "acct_hung", Some(&unique("k")), "{}", &[]).await;
+        let took = started.elapsed();
+        assert!(r.is_problem(503) && r.header("retry-after") == Some("1"), "{path}: {r:?}");
+        assert!(took < bound, "{path}: answered in {took:?}, not within {bound:?}");
+    }
+    assert!(!held.lock().unwrap().is_empty(), "the pool did try the silent server");
 }

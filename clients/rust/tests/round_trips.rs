@@ -33,6 +33,8 @@ struct Count {
     trips: usize,
     /// Round trips after this many wait until `release`.
     hold_after: Option<usize>,
+    /// The SQL of every Parse and Query message, in order.
+    statements: Vec<String>,
 }
 
 /// The counting proxy in front of DATABASE_URL's server.
@@ -79,11 +81,16 @@ impl Proxy {
 
     /// Starts counting from zero; `hold_after`: let this many round trips through, hold the rest.
     fn reset(&self, hold_after: Option<usize>) {
-        *self.count.lock().unwrap() = Count { trips: 0, hold_after };
+        *self.count.lock().unwrap() = Count { trips: 0, hold_after, statements: Vec::new() };
     }
 
     fn trips(&self) -> usize {
         self.count.lock().unwrap().trips
+    }
+
+    /// The statements sent since the last reset that call idem_claim.
+    fn claims(&self) -> Vec<String> {
+        self.count.lock().unwrap().statements.iter().filter(|s| s.contains("idem_claim(")).cloned().collect()
     }
 
     fn release(&self) {
@@ -91,10 +98,14 @@ impl Proxy {
         self.released.send_modify(|n| *n += 1);
     }
 
-    fn pool(&self) -> Pool {
+    /// `name`: the sessions' application_name.
+    fn pool(&self, name: &str) -> Pool {
         let url: tokio_postgres::Config = database_url().parse().unwrap();
         let mut pg = tokio_postgres::Config::new();
-        pg.host("127.0.0.1").port(self.port).user(url.get_user().unwrap_or("postgres"));
+        pg.host("127.0.0.1")
+            .port(self.port)
+            .user(url.get_user().unwrap_or("postgres"))
+            .application_name(name);
         if let Some(db) = url.get_dbname() {
             pg.dbname(db);
         }
@@ -118,6 +129,18 @@ fn next_message(buf: &[u8], started: bool) -> Option<(Option<u8>, usize)> {
     let (kind, at) = if started { (Some(*buf.first()?), 1) } else { (None, 0) };
     let len = u32::from_be_bytes(buf.get(at..at + 4)?.try_into().unwrap()) as usize;
     (buf.len() >= at + len).then_some((kind, at + len))
+}
+
+/// The SQL text of a Parse (name, then the query) or Query message.
+fn statement(kind: u8, message: &[u8]) -> Option<String> {
+    let body = message.get(5..)?;
+    let text = match kind {
+        b'Q' => body,
+        b'P' => &body[body.iter().position(|&b| b == 0)? + 1..],
+        _ => return None,
+    };
+    let end = text.iter().position(|&b| b == 0)?;
+    Some(String::from_utf8_lossy(&text[..end]).into_owned())
 }
 
 /// Client to server: counts a round trip when the client sends with nothing pending.
@@ -150,6 +173,9 @@ async fn frontend(
             };
             let held = {
                 let mut c = count.lock().unwrap();
+                if let Some(sql) = statement(kind, &buf[ready..ready + len]) {
+                    c.statements.push(sql);
+                }
                 let new_trip = pending.load(Ordering::SeqCst) == 0 && !composing && kind != b'X';
                 if new_trip {
                     c.trips += 1;
@@ -238,13 +264,32 @@ fn app(layer: IdempotencyLayer, gate: Arc<Notify>, table: &'static str) -> Route
     Router::new().route("/items", routing::post(handler).layer(layer))
 }
 
-/// The proxy and a pool through it; `table` is the test's own (tests run in parallel).
+/// The proxy and a pool through it; `table` is the test's own (tests run in parallel), and the
+/// pool's application_name.
 async fn setup(table: &str) -> (Proxy, Pool) {
     let db = db().await;
     db.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} (key text)")).await.unwrap();
     let proxy = Proxy::start().await;
-    let pool = proxy.pool();
+    let pool = proxy.pool(table);
     (proxy, pool)
+}
+
+/// What another connection sees of the session `name` (the layer's one connection) while it
+/// sits in a transaction: whether it holds a key lock (pg_locks `advisory`, objsubid 7649),
+/// whether it has a transaction id (it has written something), and how many records of `key`
+/// exist. None while the session is not idle in a transaction.
+async fn seen_from_outside(
+    other: &tokio_postgres::Client,
+    name: &str,
+    key: &str,
+) -> Option<(bool, bool, i64)> {
+    let sql = "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
+                                AND l.objsubid = 7649 AND l.granted),
+                      a.backend_xid IS NOT NULL,
+                      (SELECT count(*) FROM idempotency.keys WHERE key = $2)
+               FROM pg_stat_activity a WHERE a.application_name = $1 AND a.state = 'idle in transaction'";
+    let row = other.query_typed_opt(sql, &[(&name, Type::TEXT), (&key, Type::TEXT)]).await.unwrap()?;
+    Some((row.get(0), row.get(1), row.get(2)))
 }
 
 /// Waits until the request's connection is back in the pool (after a ROLLBACK sent behind
@@ -288,7 +333,7 @@ async fn counted(
 async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() {
     let (proxy, pool) = setup("round_trips_same").await;
     let gate = Arc::new(Notify::new());
-    let port = serve(app(IdempotencyLayer::new(pool.clone()), gate, "round_trips_same")).await;
+    let port = serve(app(IdempotencyLayer::new(pool.clone()), gate.clone(), "round_trips_same")).await;
     // Warm up: the pool's connection and the layer's one-time read of the features.
     let warm = post(port, "/items", "t", Some(&unique("warm")), "{}", &[]).await;
     assert_eq!(warm.status, 201, "{warm:?}");
@@ -298,6 +343,10 @@ async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() 
     let (fresh, trips) = counted(&proxy, &pool, port, &key, r#"{"n": 1}"#, None).await;
     assert_eq!(fresh.status, 201, "{fresh:?}");
     assert_eq!(trips, 3, "a fresh key: BEGIN with the claim, the INSERT, idem_complete with COMMIT");
+    let deferred = pg_idempotency::client::features(&db().await).await.unwrap().claim_deferred;
+    let claims = proxy.claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(claims[0].contains("deferred => true"), deferred, "same transaction: deferred where offered");
 
     // BEGIN + claim answers; the ROLLBACK (held by the proxy) comes after the answer.
     let (replay, trips) = counted(&proxy, &pool, port, &key, r#"{"n": 1}"#, Some(1)).await;
@@ -315,6 +364,39 @@ async fn same_transaction_three_round_trips_and_one_before_a_writeless_answer() 
         .unwrap()
         .get(0);
     assert_eq!(rows, 1);
+
+    // The claim is deferred (extension 0.6.0): while the handler runs (held at its start), the
+    // key is held by its key lock alone. Seen from another connection: no record of the key,
+    // and the claim's session has no transaction id, so it has written nothing (a claim that
+    // writes its in_progress record at once has one). idem_complete then writes the record.
+    let other = db().await;
+    if !pg_idempotency::client::features(&other).await.unwrap().claim_deferred {
+        skip("round_trips: the installed extension has no idem_claim(..., deferred) (0.6.0)");
+        return;
+    }
+    let held = unique("k");
+    let (h, p) = (held.clone(), port);
+    let first = tokio::spawn(async move { post(p, "/items", "t", Some(&h), r#"{"wait": 1}"#, &[]).await });
+    let seen = async {
+        loop {
+            match seen_from_outside(&other, "round_trips_same", &held).await {
+                Some(seen @ (true, _, _)) => return seen,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    };
+    let (locked, has_xid, records) =
+        tokio::time::timeout(Duration::from_secs(10), seen).await.expect("the claim holds its key lock");
+    assert!(locked);
+    assert_eq!((has_xid, records), (false, 0), "a deferred claim writes nothing before idem_complete");
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().status, 201);
+    let status: String = other
+        .query_typed_one("SELECT status::text FROM idempotency.keys WHERE key = $1", &[(&held, Type::TEXT)])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "completed", "idem_complete wrote the completed record");
 }
 
 #[tokio::test]
@@ -335,6 +417,9 @@ async fn committed_first_four_round_trips_and_one_for_a_writeless_answer() {
         trips, 4,
         "a fresh key: claim, BEGIN with the checkpoint, the INSERT, idem_complete with COMMIT"
     );
+    let claims = proxy.claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert!(!claims[0].contains("deferred"), "committed first: never deferred: {}", claims[0]);
 
     let (replay, trips) = counted(&proxy, &pool, port, &key, r#"{"n": 1}"#, Some(1)).await;
     assert!(replay.replayed(), "{replay:?}");

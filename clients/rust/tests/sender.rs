@@ -12,7 +12,9 @@ use axum::routing::post;
 use axum::Router;
 use common::*;
 use deadpool_postgres::{Manager, Pool};
-use pg_idempotency::sender::{key_header, prepare, Answer, PrepareOptions, SendResult, SendState, Sender};
+use pg_idempotency::sender::{
+    key_header, prepare, Answer, Attempt, BuildError, PrepareOptions, SendResult, SendState, Sender,
+};
 use pg_idempotency::Error;
 use serde_json::json;
 
@@ -182,8 +184,7 @@ async fn the_worker_retries_503_with_the_same_key_and_a_422_is_final() {
     );
     tokio::time::timeout(Duration::from_secs(30), s.run(Some(&target), true, std::future::pending()))
         .await
-        .expect("the worker ends when nothing is left")
-        .unwrap();
+        .expect("the worker ends when nothing is left");
     assert_eq!(r.keys(), vec![key_header(&key); 3]);
     let end = s.status("shop", &op).await.unwrap();
     assert!(matches!(end, Some(SendResult::Delivered(ref d)) if d.status == 422), "{end:?}");
@@ -230,8 +231,7 @@ async fn no_final_answer_before_give_up_after_is_unknown() {
     let s = sender(&pool, &target, &r.url);
     tokio::time::timeout(Duration::from_secs(30), s.run(Some(&target), true, std::future::pending()))
         .await
-        .expect("the worker ends")
-        .unwrap();
+        .expect("the worker ends");
     let end = s.status("shop", &op).await.unwrap();
     assert!(matches!(end, Some(SendResult::Unknown { key: ref k, .. }) if *k == key), "{end:?}");
     assert!(!r.keys().is_empty());
@@ -251,8 +251,52 @@ async fn a_result_after_the_lease_was_taken_over_is_lost() {
     let result = "SELECT state FROM idempotency.idem_send_result($1, $2, $3, 201)";
     let late = db.query_one(result, &[&"shop", &op, &stale]).await.map_err(Error::from);
     assert!(matches!(late, Err(Error::NotOwner(_))), "{late:?}");
-    // Through the sender: its attempt outlasts its lease, another sender takes the send over,
-    // and the late answer is reported as lost, not recorded.
+    // Through the sender: an attempt whose lease ended and was taken over by another sender
+    // (its token stale) gets its answer reported as lost, not recorded.
+    let (op, target) = (unique("order"), unique("t"));
+    prepared(&pool, &op, &target).await;
+    let take_all = |lease: &str| {
+        format!(
+            "SELECT scope, operation, target, key, request, attempt, token, locked_until, give_up_at
+             FROM idempotency.idem_send_next(scope => 'shop', operation => $1, lease => '{lease}')"
+        )
+    };
+    let row = db.query_one(&take_all("200 milliseconds"), &[&op]).await.unwrap();
+    let stale = Attempt {
+        scope: row.get("scope"),
+        operation: row.get("operation"),
+        target: row.get("target"),
+        key: row.get("key"),
+        request: row.get("request"),
+        attempt: row.get("attempt"),
+        token: row.get("token"),
+        locked_until: row.get("locked_until"),
+        give_up_at: row.get("give_up_at"),
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken_over = db.query_one(&take_all("1 minute"), &[&op]).await.unwrap();
+    assert_ne!(taken_over.get::<_, uuid::Uuid>("token"), stale.token);
+    let answering = Sender::builder(pool.clone())
+        .send_with(|_| async { Answer::response(201, Default::default(), None) })
+        .build()
+        .unwrap();
+    let late = answering.attempt(stale).await.unwrap();
+    assert_eq!(late, SendResult::Lost { scope: "shop".into(), operation: op.clone() });
+    let now = answering.status("shop", &op).await.unwrap();
+    assert!(matches!(now, Some(SendResult::NotYet { state: SendState::Sending, .. })), "{now:?}");
+    assert!(r.keys().is_empty(), "a send function of its own: the receiver saw nothing");
+}
+
+#[tokio::test]
+async fn the_timeout_bounds_the_whole_attempt_and_must_be_below_the_lease() {
+    let pool = pool();
+    let refused = Sender::builder(pool.clone())
+        .url("t", "http://127.0.0.1:9/")
+        .timeout(Duration::from_millis(1500))
+        .lease(Duration::from_millis(1500))
+        .build();
+    assert!(matches!(refused, Err(BuildError::TimeoutNotBelowLease(_))), "{:?}", refused.err());
+    // A send function that would answer after 900 ms, with a timeout of 100 ms: no answer.
     let (op, target) = (unique("order"), unique("t"));
     prepared(&pool, &op, &target).await;
     let slow = Sender::builder(pool.clone())
@@ -264,20 +308,13 @@ async fn a_result_after_the_lease_was_taken_over_is_lost() {
         .lease(Duration::from_millis(300))
         .build()
         .unwrap();
-    let other = {
-        let op = op.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let q = "SELECT count(*) FROM idempotency.idem_send_next(scope => 'shop', operation => $1, lease => '1 minute')";
-            db.query_one(q, &[&op]).await.unwrap().get::<_, i64>(0)
-        })
+    let started = Instant::now();
+    let result = slow.deliver("shop", &op).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(800), "{:?}", started.elapsed());
+    let SendResult::NotYet { last_status: None, last_error: Some(e), .. } = result else {
+        panic!("{result:?}")
     };
-    let late = slow.deliver("shop", &op).await.unwrap();
-    assert_eq!(other.await.unwrap(), 1, "the other sender took the send over");
-    assert_eq!(late, SendResult::Lost { scope: "shop".into(), operation: op.clone() });
-    let now = slow.status("shop", &op).await.unwrap();
-    assert!(matches!(now, Some(SendResult::NotYet { state: SendState::Sending, .. })), "{now:?}");
-    assert!(r.keys().is_empty(), "a send function of its own: the receiver saw nothing");
+    assert_eq!(e, "timed out");
 }
 
 #[tokio::test]
@@ -306,5 +343,5 @@ async fn the_worker_wakes_on_notify_not_on_its_poll() {
     }
     assert_eq!(r.keys().len(), 1, "the worker did not wake up on the NOTIFY");
     stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("it stops").unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), worker).await.expect("it stops").unwrap();
 }

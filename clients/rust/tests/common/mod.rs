@@ -197,3 +197,187 @@ pub async fn records(db: &tokio_postgres::Client, tenant: &str) -> i64 {
     let sql = "SELECT count(*) FROM idempotency.keys WHERE scope LIKE $1";
     db.query_typed_one(sql, &[(&pattern, Type::TEXT)]).await.unwrap().get(0)
 }
+
+/// An example program of this crate (cargo test builds them), by name.
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join("examples").join(name)
+}
+
+/// Where the example apps' logs go: test.sh's folder (RUST_SUITE_LOG_DIR), or a temporary one.
+pub fn log_dir() -> PathBuf {
+    let dir = std::env::var("RUST_SUITE_LOG_DIR").map(PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// An example app as a real process, its output in a log file; killed when dropped.
+pub struct App {
+    pub port: u16,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl App {
+    /// examples/orders.rs (the README's app), as its README says to run it: DATABASE_URL, LISTEN.
+    pub async fn orders(database_url: &str) -> App {
+        let port = next_port();
+        let mut cmd = Command::new(example_bin("orders"));
+        cmd.env("DATABASE_URL", database_url).env("LISTEN", format!("127.0.0.1:{port}"));
+        App::start(cmd, "orders", port, "/orders").await
+    }
+
+    /// examples/demo.rs.
+    pub async fn demo(database_url: &str, lease_ms: u64) -> App {
+        let port = next_port();
+        let mut cmd = Command::new(example_bin("demo"));
+        cmd.args(["--database-url", database_url, "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--lease-ms", &lease_ms.to_string()])
+            .env("RUST_LOG", "warn");
+        App::start(cmd, "demo", port, "/healthz").await
+    }
+
+    async fn start(mut cmd: Command, name: &str, port: u16, probe: &str) -> App {
+        let log = log_dir().join(format!("{name}-{port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the example {name}: {e} (cargo test builds it)"));
+        let mut app = App { port, log, child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(app.alive(), "the example {name} exited; see {}", app.log.display());
+            if request(port, "GET", probe, &[], b"").await.is_ok() {
+                return app; // any answer: it listens
+            }
+            assert!(Instant::now() < deadline, "the example {name} did not answer on port {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Lines of the app's log that say it panicked.
+    pub fn panics(&self) -> Vec<String> {
+        self.log_lines("panicked")
+    }
+
+    /// Lines of the app's log at level ERROR (the layer logs every 500 it makes so).
+    pub fn errors(&self) -> Vec<String> {
+        self.log_lines("ERROR")
+    }
+
+    fn log_lines(&self, holding: &str) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines().filter(|l| l.contains(holding)).map(str::to_owned).collect()
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// test.sh's second cluster, on its unix socket only, which tests stop and start again
+/// (IDEM_RUST_OUTAGE_DIR, IDEM_RUST_OUTAGE_URL, IDEM_RUST_PGBIN). Tests that use it hold
+/// [`OUTAGE`] (the tests of a binary run in parallel).
+pub struct Outage {
+    dir: String,
+    pgbin: String,
+    url: String,
+}
+
+pub static OUTAGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+impl Outage {
+    /// None (and a SKIP recorded) when test.sh did not start the cluster.
+    pub fn get(test: &str) -> Option<Outage> {
+        match (
+            std::env::var("IDEM_RUST_OUTAGE_DIR"),
+            std::env::var("IDEM_RUST_PGBIN"),
+            std::env::var("IDEM_RUST_OUTAGE_URL"),
+        ) {
+            (Ok(dir), Ok(pgbin), Ok(url)) => Some(Outage { dir, pgbin, url }),
+            _ => {
+                skip(&format!("{test}: IDEM_RUST_OUTAGE_DIR is not set (clients/rust/test.sh starts the cluster it stops)"));
+                None
+            }
+        }
+    }
+
+    /// pg_ctl on the cluster (as the postgres user when run as root), waiting for it.
+    pub fn pg_ctl(&self, args: &[&str]) {
+        let status = self.pg_ctl_command(args).status().expect("pg_ctl");
+        assert!(status.success(), "pg_ctl {args:?} failed");
+    }
+
+    fn pg_ctl_command(&self, args: &[&str]) -> Command {
+        use std::os::unix::fs::MetadataExt;
+        let pg_ctl = format!("{}/pg_ctl", self.pgbin);
+        let data = format!("{}/data", self.dir);
+        let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+        let mut cmd = if root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &pg_ctl]);
+            c
+        } else {
+            Command::new(&pg_ctl)
+        };
+        cmd.args(["-D", &data, "-w"]).args(args).current_dir("/").stdout(Stdio::null());
+        cmd
+    }
+
+    pub fn stop(&self) {
+        self.pg_ctl(&["-m", "fast", "stop"]);
+    }
+
+    pub fn start(&self) {
+        let log = format!("{}/server.log", self.dir);
+        self.pg_ctl(&["-l", &log, "start"]);
+    }
+
+    /// Starts the cluster unless it runs (`pg_ctl status` exits 3 when it is stopped).
+    pub fn ensure_started(&self) {
+        let status = self.pg_ctl_command(&["status"]).status();
+        if status.map(|s| s.code() == Some(3)).unwrap_or(false) {
+            self.start();
+        }
+    }
+
+    pub fn restart(&self) {
+        let log = format!("{}/server.log", self.dir);
+        self.pg_ctl(&["-m", "fast", "-l", &log, "restart"]);
+    }
+
+    /// A fresh database `name` with the extension; its URL.
+    pub async fn database(&self, name: &str) -> String {
+        let (admin, conn) =
+            tokio_postgres::connect(&self.url, tokio_postgres::NoTls).await.expect("the outage cluster");
+        let task = tokio::spawn(conn);
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        drop(admin);
+        let _ = task.await;
+        let url = self.url.replacen("/postgres?", &format!("/{name}?"), 1);
+        let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        let task = tokio::spawn(conn);
+        db.batch_execute("CREATE EXTENSION idempotency").await.unwrap();
+        drop(db);
+        let _ = task.await;
+        url
+    }
+}
+
+/// A client of a database URL, its connection driven by a task of its own.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+}

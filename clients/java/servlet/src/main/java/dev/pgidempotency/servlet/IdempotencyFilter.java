@@ -223,8 +223,10 @@ public final class IdempotencyFilter implements Filter {
             try {
                 Claim c = null;
                 if (r.key() != null) {
-                    c = client.claim(db, r.scope(), r.key(),
-                            ClaimOptions.NONE.withFingerprint(r.fingerprint()).withTtl(r.o().ttl()));
+                    // Deferred (extension 0.6.0): a claim of a free key writes nothing; idem_complete
+                    // writes the completed record once.
+                    c = client.claim(db, r.scope(), r.key(), ClaimOptions.NONE.withFingerprint(r.fingerprint())
+                            .withTtl(r.o().ttl()).withDeferred(true));
                     if (!c.outcome().owns()) {
                         // The claim wrote nothing: the answer goes out first, the ROLLBACK (below) after it.
                         send(r.res(), answerWithoutWork(c));

@@ -309,7 +309,7 @@ class RoundTripTest {
             answer = sent.get(10, TimeUnit.SECONDS);
         } catch (TimeoutException e) {
             proxy.release();
-            return fail("no answer while the round trips after the first " + holdAfter + " were held");
+            return fail("no answer while the round trips after the first " + holdAfter + " were held; trips so far " + proxy.trips() + ": " + proxy.statements());
         } finally {
             proxy.release();
         }
@@ -414,7 +414,8 @@ class RoundTripTest {
                     String key = UUID.randomUUID().toString();
                     Counted fresh = counted(proxy, ds, app.port, "/tx", key, "{\"n\": 1}", -1);
                     assertEquals(201, fresh.answer().statusCode(), () -> new String(fresh.answer().body()));
-                    assertEquals(3, fresh.trips(), "a fresh key: BEGIN with the claim, the INSERT, idem_complete with COMMIT");
+                    assertEquals(3, fresh.trips(), () -> "a fresh key: BEGIN with the claim, the INSERT, idem_complete with COMMIT: "
+                            + fresh.statements());
                     assertTrue(fresh.claim().contains("deferred => true"), fresh.claim());
 
                     Counted replay = counted(proxy, ds, app.port, "/tx", key, "{\"n\": 1}", 1);

@@ -21,12 +21,17 @@
 #   rust     the .crate of clients/rust (`cargo package --locked`: the files crates.io would get,
 #            unpacked and built on their own first); uncommitted changes are packed as they are
 #            (--allow-dirty). Build output in CARGO_TARGET_DIR (default target/clients).
+#   java     the Maven artifacts of clients/java as Central takes them: for core, servlet and
+#            spring-boot-starter the jar, its -sources.jar and -javadoc.jar and its pom, and the
+#            parent pom (pg-idempotency-parent-VERSION.pom). Built by `mvn package` in a copy of
+#            clients/java (the clone's target/ folders are left alone), the sources and javadoc
+#            jars by the JDK's jar and javadoc (no Maven plugin beyond those the tests fetch).
 #
 # A language is a function build_LANG OUTDIR below, listed in LANGS. The paths of what was
 # built are printed last, one a line (the build's own output goes to stderr).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LANGS="python node go rust"
+LANGS="python node go rust java"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "build-artifacts.sh: $*" >&2; exit 2; }
@@ -100,7 +105,6 @@ build_go() { # build_go OUTDIR
     ls "$out/$module/@v/list" "$out/$module/@v/v$version".*
 }
 
-
 build_rust() { # build_rust OUTDIR
     local out=$1 target=${CARGO_TARGET_DIR:-$ROOT/target/clients}
     rm -f "$target"/package/pg-idempotency-*.crate
@@ -108,6 +112,32 @@ build_rust() { # build_rust OUTDIR
         --manifest-path "$ROOT/clients/rust/Cargo.toml" --target-dir "$target" >&2
     cp "$target"/package/pg-idempotency-*.crate "$out"/
     ls "$out"/*.crate
+}
+
+build_java() { # build_java OUTDIR
+    local out=$1 scratch version m artifact cp resources
+    scratch=$(mktemp -d)
+    tar -C "$ROOT/clients/java" --exclude=./target --exclude='./*/target' -cf - . | tar -C "$scratch" -xf -
+    # The modules' compile class paths (provided included) are javadoc's.
+    mvn -B -q -ntp -f "$scratch/pom.xml" -pl core,servlet,spring-boot-starter -am -DskipTests package \
+        dependency:build-classpath -Dmdep.includeScope=compile -Dmdep.outputFile=target/compile-classpath.txt >&2
+    version=$(/usr/bin/python3 -c 'import sys, xml.etree.ElementTree as E
+print(E.parse(sys.argv[1]).getroot().find("{http://maven.apache.org/POM/4.0.0}version").text)' "$scratch/pom.xml")
+    cp "$scratch/pom.xml" "$out/pg-idempotency-parent-$version.pom"
+    for m in core servlet spring-boot-starter; do
+        artifact=pg-idempotency-$m-$version
+        cp "$scratch/$m/target/$artifact.jar" "$out/"
+        cp "$scratch/$m/pom.xml" "$out/$artifact.pom"
+        resources=()
+        [ -d "$scratch/$m/src/main/resources" ] && resources=(-C "$scratch/$m/src/main/resources" .)
+        jar --create --file "$out/$artifact-sources.jar" -C "$scratch/$m/src/main/java" . "${resources[@]}"
+        cp=$(cat "$scratch/$m/target/compile-classpath.txt")
+        javadoc -quiet -Xdoclint:all,-missing -Werror -d "$scratch/$m/target/apidocs" -sourcepath "$scratch/$m/src/main/java" \
+            -subpackages dev.pgidempotency -classpath "$cp" >&2
+        jar --create --file "$out/$artifact-javadoc.jar" -C "$scratch/$m/target/apidocs" .
+    done
+    rm -rf "$scratch"
+    ls "$out"/*.pom "$out"/*.jar
 }
 
 case ${1:-} in

@@ -136,6 +136,8 @@ register_suites() {
         tests/artifacts/go.sh
     register java-client     15   full ext     'the tests of the Java package (core client, Servlet filter, Spring Boot starter; `mvn verify` with the compiler warnings as errors), over real HTTP, also through PgBouncer' \
         clients/java/test.sh
+    register artifacts-java  15   full ext     'the Java package as Maven Central will ship it: the README'"'"'s install block run as it is (`scripts/build-artifacts.sh java`: the jars with their sources and javadoc jars and poms; `mvn install:install-file` into a throwaway local repository), fresh projects outside the clone with the README'"'"'s dependencies and its two example apps (Spring Boot, plain Servlet) run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/java.sh](tests/artifacts/java.sh))' \
+        tests/artifacts/java.sh
     register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget, a trickling answer against the timeout, the sender'"'"'s database terminated and restarted under its worker, the per-sender settings (each language the scenarios its senders/LANG.json lists); exactly one side effect per operation' \
         tests/sending/run.sh
     register sending-portable 15  full -       'the sending side end to end against the portable edition (the Python send demo: the packages differ from each other in the client, not in the edition)' \

@@ -6,7 +6,8 @@
 # the demo app (demo/target/idempotency-demo.jar, which tests/e2e/run_demo_apps.sh runs).
 #
 # Ports and folder: tests/lib.sh's "java" row (PostgreSQL, pgbouncer = +1) and its folder; the
-# HTTP servers of the tests listen from its "java-apps" row (JAVA_APPS_PORT).
+# HTTP servers of the tests listen from its "java-apps" row (JAVA_APPS_PORT). The tests that
+# stop and start the server use $JAVA_PG_CTL (below).
 # Last line: "java-client: N passed, M failed" (Surefire's own counts; skipped tests are listed
 # and not counted as passed).
 set -euo pipefail
@@ -44,6 +45,17 @@ echo "== PostgreSQL $PG_MAJOR on port $pg_port, pgbouncer (transaction pooling) 
 cluster_start "$dir/pg" "$pg_port" "$LISTEN_TCP"
 install_extension postgres -h "$dir/pg/socket" -p "$pg_port" -U postgres
 pgbouncer_start "$dir" "$bouncer_port" "$pg_port"
+# The tests that stop, start and restart the server under a running app or sender (its clients
+# reconnect; nothing else runs meanwhile: Maven runs the modules, and Surefire their test
+# classes, one at a time) call this script with pg_ctl's command: stop -m fast, start, restart.
+cat >"$dir/pg_ctl" <<EOF
+#!/usr/bin/env bash
+cd / || exit 2
+[ "\$(id -u)" = 0 ] && set -- runuser -u postgres -- "$PGBIN/pg_ctl" "\$@" || set -- "$PGBIN/pg_ctl" "\$@"
+exec "\$@" -D "$dir/pg/data" -l "$dir/pg/server.log" -w >/dev/null
+EOF
+chmod +x "$dir/pg_ctl"
+export JAVA_PG_CTL=$dir/pg_ctl
 
 echo "== mvn verify (clients/java)"
 status=0

@@ -29,12 +29,16 @@ public final class IdempotencyClient {
     private static final String FEATURES_SQL = """
             SELECT coalesce(bool_or(p.proname = 'idem_claim' AND 'wait' = ANY (p.proargnames)), false),
                    coalesce(bool_or(p.proname = 'idem_claim' AND 'token' = ANY (p.proargnames)), false),
-                   coalesce(bool_or(p.proname = 'idem_seen_many'), false)
+                   coalesce(bool_or(p.proname = 'idem_seen_many'), false),
+                   coalesce(bool_or(p.proname = 'idem_claim' AND 'deferred' = ANY (p.proargnames)), false)
             FROM pg_catalog.pg_proc p
             WHERE p.pronamespace = 'idempotency'::regnamespace""";
 
-    /** What the installed extension offers beyond the first release. */
-    public record Features(boolean claimWait, boolean claimToken, boolean seenMany) {}
+    /**
+     * What the installed extension offers beyond the first release: {@code idem_claim}'s {@code wait}
+     * and {@code token} and {@code idem_seen_many} (0.4.0), {@code idem_claim}'s {@code deferred} (0.6.0).
+     */
+    public record Features(boolean claimWait, boolean claimToken, boolean seenMany, boolean claimDeferred) {}
 
     private volatile Features features;
 
@@ -44,14 +48,14 @@ public final class IdempotencyClient {
         if (f == null) {
             try (PreparedStatement st = db.prepareStatement(FEATURES_SQL); ResultSet rs = st.executeQuery()) {
                 rs.next();
-                f = new Features(rs.getBoolean(1), rs.getBoolean(2), rs.getBoolean(3));
+                f = new Features(rs.getBoolean(1), rs.getBoolean(2), rs.getBoolean(3), rs.getBoolean(4));
             }
             features = f;
         }
         return f;
     }
 
-    /** {@code idem_claim}. */
+    /** {@code idem_claim}; the options the installed extension lacks are left out (see {@link ClaimOptions}). */
     public Claim claim(Connection db, String scope, String key, ClaimOptions o) throws SQLException {
         Features f = features(db);
         List<Object> params = new ArrayList<>(List.of(nullable(scope), nullable(key)));
@@ -66,6 +70,9 @@ public final class IdempotencyClient {
         if (f.claimToken() && o.token() != null) {
             extra.append(", token => ?::uuid");
             params.add(o.token().toString());
+        }
+        if (f.claimDeferred() && o.deferred()) {
+            extra.append(", deferred => true");
         }
         String sql = """
                 SELECT c.outcome, c.token, c.http_status, c.response_status, c.response_headers::text,

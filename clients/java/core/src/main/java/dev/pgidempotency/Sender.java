@@ -1,6 +1,5 @@
 package dev.pgidempotency;
 
-import java.io.IOException;
 import java.math.BigInteger;
 import java.net.ConnectException;
 import java.net.URI;
@@ -20,16 +19,21 @@ import java.time.ZonedDateTime;
 import java.time.format.DateTimeFormatter;
 import java.time.format.DateTimeParseException;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Optional;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.function.BiConsumer;
 import java.util.function.BooleanSupplier;
 import java.util.function.Function;
@@ -41,13 +45,28 @@ import javax.sql.DataSource;
  * transaction; a Sender delivers right after COMMIT ({@link #deliver}, one attempt) or runs as a
  * worker ({@link #run}: retries with backoff, jitter and the retry budget, all decided by the
  * extension). HTTP goes through {@link java.net.http.HttpClient} (it never resends a POST on its
- * own and follows no redirect) or through a function of yours.
+ * own and follows no redirect), each attempt bounded in total by the sender's timeout, or
+ * through a function of yours.
+ *
+ * <p>The worker outlives its database: on any database error it logs it (System.Logger
+ * {@value #LOGGER}, which is java.util.logging unless the application routes System.Logger
+ * elsewhere), waits (exponential backoff with full jitter), reconnects and goes on.
  */
 public final class Sender implements AutoCloseable {
     /** The channel {@code idem_send} notifies when a send is committed. */
     public static final String CHANNEL = "idempotency_send";
     /** A longer Retry-After is read as this (1000 years): past any give_up_at, within an interval. */
     public static final Duration MAX_RETRY_AFTER = Duration.ofDays(365_000);
+    /**
+     * The worker's logger (System.Logger; java.util.logging by default). A database error is logged
+     * at WARNING with the {@link SQLException} as the record's thrown; the reconnection after it at
+     * INFO with the message {@link #RECONNECTED}.
+     */
+    public static final String LOGGER = "dev.pgidempotency.Sender";
+    /** The message of the record that says the worker works again after a database error. */
+    public static final String RECONNECTED = "reconnected to the database";
+
+    private static final System.Logger LOG = System.getLogger(LOGGER);
 
     /** What {@code idem_send} recorded (or found: the same operation prepared before). */
     public record Prepared(String key, String state, int attempts, OffsetDateTime nextAttemptAt,
@@ -81,7 +100,7 @@ public final class Sender implements AutoCloseable {
             setText(st, 3, target);
             setText(st, 4, requestJson);
             setText(st, 5, key);
-            setText(st, 6, IdempotencyClient.interval(giveUpAfter));
+            setText(st, 6, giveUpAfter == null ? null : SendRules.intervalText(giveUpAfter));
             try (ResultSet rs = st.executeQuery()) {
                 rs.next();
                 String state = rs.getString(2);
@@ -121,20 +140,42 @@ public final class Sender implements AutoCloseable {
         }
     }
 
+    /** A database error's SQLSTATE, or its class when it has none (a connection refused). */
+    public static String errorCode(SQLException e) {
+        return SendRules.errorCode(e);
+    }
+
+    /** The first line of an error's message. */
+    public static String firstLine(Throwable e) {
+        return SendRules.firstLine(e);
+    }
+
     private final DataSource db;
     private final Function<Attempt, Answer> send;
     private final Duration lease;
     private final int concurrency;
     private final Duration pollInterval;
+    private final Map<String, String> settings;
+    private final Duration giveUpAfter;
+    private final Duration reconnectBase;
+    private final Duration reconnectCap;
     private final BiConsumer<Attempt, Answer> onAttempt;
     private final BiConsumer<Attempt, SendResult> onFinished;
     private final ExecutorService pool;
+    /** Answers the database went away before recording: recorded after reconnecting while their lease holds. */
+    private final List<Kept> kept = new ArrayList<>();
+
+    private record Kept(Attempt attempt, Answer answer, long leaseEndNanos) {}
 
     private Sender(Builder b) {
         this.db = b.db;
         this.lease = b.lease;
         this.concurrency = b.concurrency;
         this.pollInterval = b.pollInterval;
+        this.settings = SendRules.settingValues(b.retryBudget, b.backoffBase, b.backoffCap);
+        this.giveUpAfter = b.giveUpAfter == null ? null : SendRules.checkInterval("giveUpAfter", b.giveUpAfter);
+        this.reconnectBase = b.reconnectBase;
+        this.reconnectCap = b.reconnectCap;
         this.onAttempt = b.onAttempt;
         this.onFinished = b.onFinished;
         if (b.send != null) {
@@ -159,7 +200,10 @@ public final class Sender implements AutoCloseable {
         return new Builder(db);
     }
 
-    /** The settings of a {@link Sender}. */
+    /**
+     * The settings of a {@link Sender}. {@link #build} refuses (IllegalArgumentException) a timeout
+     * that is not below the lease and a setting the extension would refuse.
+     */
     public static final class Builder {
         private final DataSource db;
         private final Map<String, URI> urls = new HashMap<>();
@@ -169,11 +213,17 @@ public final class Sender implements AutoCloseable {
         private Duration lease = Duration.ofSeconds(30);
         private int concurrency = 4;
         private Duration pollInterval = Duration.ofSeconds(1);
+        private Double retryBudget;
+        private Duration backoffBase;
+        private Duration backoffCap;
+        private Duration giveUpAfter;
+        private Duration reconnectBase = Duration.ofMillis(100);
+        private Duration reconnectCap = Duration.ofSeconds(5);
         private BiConsumer<Attempt, Answer> onAttempt = (a, b) -> {};
         private BiConsumer<Attempt, SendResult> onFinished = (a, r) -> {};
 
         private Builder(DataSource db) {
-            this.db = db;
+            this.db = java.util.Objects.requireNonNull(db, "db");
         }
 
         /** POST the requests of {@code target} to {@code url} (the request as JSON). */
@@ -188,13 +238,16 @@ public final class Sender implements AutoCloseable {
             return this;
         }
 
-        /** Your own transport: never throw, return {@link Answer#noAnswer} when no answer came; send {@code keyHeader(a.key())}. */
+        /**
+         * Your own transport: never throw, return {@link Answer#noAnswer} when no answer came, send
+         * {@code keyHeader(a.key())}, and keep within the timeout (nothing bounds your function).
+         */
         public Builder send(Function<Attempt, Answer> send) {
             this.send = send;
             return this;
         }
 
-        /** Bounds one HTTP attempt (default 10 s); shorter than the lease. */
+        /** Bounds one HTTP attempt in total, connecting, sending and the whole answer (default 10 s); below the lease. */
         public Builder timeout(Duration d) {
             this.timeout = d;
             return this;
@@ -218,6 +271,35 @@ public final class Sender implements AutoCloseable {
             return this;
         }
 
+        /**
+         * This sender's {@code idempotency.send_retry_budget} (0 to 1000000; null: the database's),
+         * set with set_config(..., true) in each transaction that takes sends or records results.
+         */
+        public Builder retryBudget(Double budget) {
+            this.retryBudget = budget;
+            return this;
+        }
+
+        /** This sender's {@code idempotency.send_backoff_base} and {@code _cap} (null: the database's), set as the budget is. */
+        public Builder backoff(Duration base, Duration cap) {
+            this.backoffBase = base;
+            this.backoffCap = cap;
+            return this;
+        }
+
+        /** This sender's {@code give_up_after} for {@link Sender#prepare(Connection, String, String, String, String)} (null: the database's). */
+        public Builder giveUpAfter(Duration d) {
+            this.giveUpAfter = d;
+            return this;
+        }
+
+        /** The worker's waits between reconnections: from 0 to min(cap, base * 2^(errors in a row - 1)) (100 ms, 5 s). */
+        public Builder reconnectBackoff(Duration base, Duration cap) {
+            this.reconnectBase = java.util.Objects.requireNonNull(base, "base");
+            this.reconnectCap = java.util.Objects.requireNonNull(cap, "cap");
+            return this;
+        }
+
         public Builder onAttempt(BiConsumer<Attempt, Answer> f) {
             this.onAttempt = f;
             return this;
@@ -233,13 +315,22 @@ public final class Sender implements AutoCloseable {
             if (send == null && urls.isEmpty()) {
                 throw new IllegalArgumentException("give a URL per target or a send function");
             }
-            if (timeout.compareTo(lease) >= 0) {
-                throw new IllegalArgumentException("the timeout must be shorter than the lease");
-            }
+            SendRules.checkTimeout(timeout, lease);
             return new Sender(this);
         }
     }
 
+    /** {@link #prepare(Connection, String, String, String, String, String, Duration)} with a new key and this sender's giveUpAfter. */
+    public Prepared prepare(Connection tx, String scope, String operation, String target, String requestJson)
+            throws SQLException {
+        return prepare(tx, scope, operation, target, requestJson, null, giveUpAfter);
+    }
+
+    /**
+     * One POST, bounded in total by {@code timeout}: the exchange is abandoned (its connection
+     * closed) when the whole answer has not come by then, whatever the receiver does meanwhile (a
+     * body a byte at a time keeps no per-read timeout from firing).
+     */
     private static Answer post(HttpClient http, Map<String, URI> urls, Map<String, Map<String, String>> headers,
             Duration timeout, Attempt a) {
         URI url = urls.get(a.target());
@@ -250,25 +341,32 @@ public final class Sender implements AutoCloseable {
                 .POST(HttpRequest.BodyPublishers.ofString(a.requestJson() == null ? "null" : a.requestJson()));
         headers.getOrDefault(a.target(), Map.of()).forEach(req::header);
         req.header("Idempotency-Key", keyHeader(a.key())).header("Content-Type", "application/json");
+        CompletableFuture<HttpResponse<String>> exchange = http.sendAsync(req.build(), HttpResponse.BodyHandlers.ofString());
         try {
-            HttpResponse<String> r = http.send(req.build(), HttpResponse.BodyHandlers.ofString());
+            HttpResponse<String> r = exchange.get(timeout.toNanos(), TimeUnit.NANOSECONDS);
             Map<String, String> h = new HashMap<>();
             r.headers().map().forEach((k, v) -> h.put(k.toLowerCase(Locale.ROOT), String.join(", ", v)));
             return new Answer(r.statusCode(), h, r.body(), null);
-        } catch (HttpTimeoutException e) {
-            return Answer.noAnswer("timed out");
-        } catch (ConnectException e) {
-            return Answer.noAnswer("connection failed: " + e);
-        } catch (IOException e) {
-            return Answer.noAnswer("no answer: " + e);
+        } catch (TimeoutException e) {
+            exchange.cancel(true); // closes the connection
+            return Answer.noAnswer("timed out after " + timeout.toMillis() + " ms");
+        } catch (ExecutionException e) {
+            Throwable cause = e.getCause();
+            if (cause instanceof HttpTimeoutException) {
+                return Answer.noAnswer("timed out after " + timeout.toMillis() + " ms");
+            }
+            if (cause instanceof ConnectException) {
+                return Answer.noAnswer("connection failed: " + cause);
+            }
+            return Answer.noAnswer("no answer: " + cause); // reset, closed, refused by the HTTP layer
         } catch (InterruptedException e) {
+            exchange.cancel(true);
             Thread.currentThread().interrupt();
             return Answer.noAnswer("interrupted");
         }
     }
 
-    /** One attempt of a send this sender holds, and its result recorded. */
-    public SendResult attempt(Attempt a) throws SQLException {
+    private Answer answer(Attempt a) {
         Answer answer;
         try {
             answer = send.apply(a);
@@ -276,7 +374,12 @@ public final class Sender implements AutoCloseable {
             answer = Answer.noAnswer(e.getClass().getSimpleName() + ": " + e.getMessage());
         }
         onAttempt.accept(a, answer);
-        return record(a, answer);
+        return answer;
+    }
+
+    /** One attempt of a send this sender holds, and its result recorded. */
+    public SendResult attempt(Attempt a) throws SQLException {
+        return record(a, answer(a));
     }
 
     private SendResult record(Attempt a, Answer answer) throws SQLException {
@@ -284,84 +387,137 @@ public final class Sender implements AutoCloseable {
         String headersJson = null;
         if (answer.status() != null) {
             headersJson = Json.write(new HashMap<String, Object>(answer.headers()));
-            retryAfter = IdempotencyClient.interval(parseRetryAfter(answer.headers().get("retry-after"),
-                    ZonedDateTime.now()).orElse(null));
+            retryAfter = parseRetryAfter(answer.headers().get("retry-after"), ZonedDateTime.now())
+                    .map(SendRules::intervalText).orElse(null);
         }
         String sql = """
                 SELECT state, attempts, next_attempt_at
                 FROM idempotency.idem_send_result(?, ?, ?::uuid, ?, ?, ?::jsonb, ?::interval, ?)""";
-        String state;
-        int attempts;
-        OffsetDateTime next;
-        try (Connection c = db.getConnection(); PreparedStatement st = c.prepareStatement(sql)) {
-            setText(st, 1, a.scope());
-            setText(st, 2, a.operation());
-            setText(st, 3, a.token().toString());
-            if (answer.status() == null) {
-                st.setNull(4, Types.INTEGER);
-            } else {
-                st.setInt(4, answer.status());
-            }
-            setText(st, 5, answer.body());
-            setText(st, 6, headersJson);
-            setText(st, 7, retryAfter);
-            setText(st, 8, answer.error());
-            try (ResultSet rs = st.executeQuery()) {
+        String hdrs = headersJson;
+        String ra = retryAfter;
+        SendResult result;
+        try {
+            result = call(sql, (st, i) -> {
+                setText(st, i, a.scope());
+                setText(st, i + 1, a.operation());
+                setText(st, i + 2, a.token().toString());
+                if (answer.status() == null) {
+                    st.setNull(i + 3, Types.INTEGER);
+                } else {
+                    st.setInt(i + 3, answer.status());
+                }
+                setText(st, i + 4, answer.body());
+                setText(st, i + 5, hdrs);
+                setText(st, i + 6, ra);
+                setText(st, i + 7, answer.error());
+            }, rs -> {
                 rs.next();
-                state = rs.getString(1);
-                attempts = rs.getInt(2);
-                next = rs.getObject(3, OffsetDateTime.class);
-            }
-        } catch (SQLException e) {
-            SQLException typed = IdempotencyException.of(e);
-            if (typed instanceof IdempotencyException.ClaimTakenOver) {
-                return new SendResult.Lost(a.scope(), a.operation());
-            }
-            throw typed;
+                return switch (rs.getString(1)) {
+                    case "done" -> new SendResult.Delivered(answer.status(), answer.headers(), answer.body());
+                    case "gave_up" -> new SendResult.Unknown(a.key(), rs.getInt(2), answer.status(), answer.error());
+                    default -> new SendResult.NotYet(rs.getString(1), rs.getInt(2),
+                            rs.getObject(3, OffsetDateTime.class), answer.status(), answer.error());
+                };
+            });
+        } catch (IdempotencyException.ClaimTakenOver e) {
+            return new SendResult.Lost(a.scope(), a.operation());
+        } catch (IdempotencyException.AlreadyCompleted e) {
+            // Recorded already: the COMMIT's reply was lost with the connection.
+            return status(a.scope(), a.operation()).orElseThrow(() -> e);
         }
-        SendResult result = switch (state) {
-            case "done" -> new SendResult.Delivered(answer.status(), answer.headers(), answer.body());
-            case "gave_up" -> new SendResult.Unknown(a.key(), attempts, answer.status(), answer.error());
-            default -> new SendResult.NotYet(state, attempts, next, answer.status(), answer.error());
-        };
         if (!(result instanceof SendResult.NotYet)) {
             onFinished.accept(a, result);
         }
         return result;
     }
 
-    private List<Attempt> take(String target, int maxRows, String scope, String operation) throws SQLException {
+    /** Due sends, and a System.nanoTime() instant at or before the end of their lease (it began after this). */
+    private record Taken(List<Attempt> attempts, long leaseEndNanos) {}
+
+    private Taken take(String target, int maxRows, String scope, String operation) throws SQLException {
         String sql = """
                 SELECT scope, operation, target, key, request::text, attempt, token, locked_until, give_up_at
                 FROM idempotency.idem_send_next(target => ?, max_rows => ?, lease => ?::interval, scope => ?,
                                                 operation => ?)""";
-        List<Attempt> taken = new ArrayList<>();
-        try (Connection c = db.getConnection(); PreparedStatement st = c.prepareStatement(sql)) {
-            setText(st, 1, target);
-            st.setInt(2, maxRows);
-            setText(st, 3, IdempotencyClient.interval(lease));
-            setText(st, 4, scope);
-            setText(st, 5, operation);
-            try (ResultSet rs = st.executeQuery()) {
-                while (rs.next()) {
-                    taken.add(new Attempt(rs.getString(1), rs.getString(2), rs.getString(3), rs.getString(4),
-                            rs.getString(5), rs.getInt(6), rs.getObject(7, UUID.class),
-                            rs.getObject(8, OffsetDateTime.class), rs.getObject(9, OffsetDateTime.class)));
+        long before = System.nanoTime();
+        List<Attempt> taken = call(sql, (st, i) -> {
+            setText(st, i, target);
+            st.setInt(i + 1, maxRows);
+            setText(st, i + 2, SendRules.intervalText(lease));
+            setText(st, i + 3, scope);
+            setText(st, i + 4, operation);
+        }, rs -> {
+            List<Attempt> out = new ArrayList<>();
+            while (rs.next()) {
+                out.add(new Attempt(rs.getString(1), rs.getString(2), rs.getString(3), rs.getString(4),
+                        rs.getString(5), rs.getInt(6), rs.getObject(7, UUID.class),
+                        rs.getObject(8, OffsetDateTime.class), rs.getObject(9, OffsetDateTime.class)));
+            }
+            return out;
+        });
+        return new Taken(taken, before + lease.toNanos());
+    }
+
+    @FunctionalInterface
+    private interface Binder {
+        /** Binds the call's parameters, the first at index {@code first}. */
+        void bind(PreparedStatement st, int first) throws SQLException;
+    }
+
+    @FunctionalInterface
+    private interface Rows<T> {
+        T read(ResultSet rs) throws SQLException;
+    }
+
+    /**
+     * One call of the extension on a connection of the DataSource: in autocommit, or, with this
+     * sender's settings, in a transaction of its own that sets them first (set_config(..., true),
+     * so they hold through PgBouncer's transaction pooling and nowhere else): BEGIN, set_config, the
+     * call and COMMIT in one round trip.
+     */
+    private <T> T call(String sql, Binder bind, Rows<T> rows) throws SQLException {
+        try (Connection c = db.getConnection()) {
+            if (settings.isEmpty()) {
+                try (PreparedStatement st = c.prepareStatement(sql)) {
+                    bind.bind(st, 1);
+                    try (ResultSet rs = st.executeQuery()) {
+                        return rows.read(rs);
+                    }
                 }
+            }
+            String set = "SELECT " + String.join(", ", Collections.nCopies(settings.size(), "set_config(?, ?, true)"));
+            c.setAutoCommit(false);
+            try (PreparedStatement st = c.prepareStatement(set + ";\n" + sql + ";\nCOMMIT")) {
+                int i = 1;
+                for (Map.Entry<String, String> e : settings.entrySet()) {
+                    st.setString(i++, e.getKey());
+                    st.setString(i++, e.getValue());
+                }
+                bind.bind(st, i);
+                st.execute();
+                st.getMoreResults();
+                try (ResultSet rs = st.getResultSet()) {
+                    return rows.read(rs);
+                }
+            } catch (SQLException e) {
+                rollbackQuietly(c);
+                throw e;
+            } finally {
+                autocommitQuietly(c);
             }
         } catch (SQLException e) {
             throw IdempotencyException.of(e);
         }
-        return taken;
     }
 
     /**
      * Right after the COMMIT that prepared it: one attempt of this send, if it is due and no
      * other sender holds it; otherwise (or after a retryable answer) where it is now. The retries
-     * are the worker's. Throws {@link IllegalArgumentException} when the operation was never prepared.
+     * are the worker's. Throws {@link IllegalArgumentException} when the operation was never
+     * prepared; a database error is thrown (the worker takes the send again when its lease ends).
      */
     public SendResult deliver(String scope, String operation) throws SQLException {
-        List<Attempt> taken = take(null, 1, scope, operation);
+        List<Attempt> taken = take(null, 1, scope, operation).attempts();
         if (!taken.isEmpty()) {
             return attempt(taken.get(0));
         }
@@ -395,12 +551,30 @@ public final class Sender implements AutoCloseable {
         }
     }
 
-    /** One round: up to {@code concurrency} due sends of {@code target} (null: any), at once. Returns how many. */
+    /** {@link #attempt}, keeping the answer when the database fails to record it. */
+    private SendResult attemptKept(Attempt a, long leaseEndNanos) throws SQLException {
+        Answer answer = answer(a);
+        try {
+            return record(a, answer);
+        } catch (SQLException e) {
+            synchronized (kept) {
+                kept.add(new Kept(a, answer, leaseEndNanos));
+            }
+            throw e;
+        }
+    }
+
+    /**
+     * One round: up to {@code concurrency} due sends of {@code target} (null: any), attempted at
+     * once. Returns how many. A database error is thrown once every attempt of the round has ended;
+     * the answers it kept from being recorded are recorded by the worker when it has reconnected
+     * (while their lease holds).
+     */
     public int runOnce(String target) throws SQLException {
-        List<Attempt> taken = take(target, concurrency, null, null);
+        Taken taken = take(target, concurrency, null, null);
         List<Future<SendResult>> running = new ArrayList<>();
-        for (Attempt a : taken) {
-            running.add(pool.submit(() -> attempt(a)));
+        for (Attempt a : taken.attempts()) {
+            running.add(pool.submit(() -> attemptKept(a, taken.leaseEndNanos())));
         }
         SQLException failed = null;
         for (Future<SendResult> f : running) {
@@ -417,7 +591,34 @@ public final class Sender implements AutoCloseable {
         if (failed != null) {
             throw failed;
         }
-        return taken.size();
+        return taken.attempts().size();
+    }
+
+    /** Records the kept answers whose lease still holds; the others are left to be taken again. */
+    private void recordKept() throws SQLException {
+        List<Kept> all;
+        synchronized (kept) {
+            all = new ArrayList<>(kept);
+            kept.clear();
+        }
+        for (int i = 0; i < all.size(); i++) {
+            Attempt a = all.get(i).attempt();
+            if (System.nanoTime() - all.get(i).leaseEndNanos() >= 0) {
+                LOG.log(System.Logger.Level.INFO, "the answer to {0} / {1} (attempt {2}) was not recorded before its"
+                        + " lease ended: the send is left to be taken again", a.scope(), a.operation(), a.attempt());
+                continue;
+            }
+            try {
+                record(a, all.get(i).answer());
+            } catch (SQLException e) {
+                synchronized (kept) {
+                    kept.addAll(0, all.subList(i, all.size()));
+                }
+                throw e;
+            }
+            LOG.log(System.Logger.Level.INFO, "recorded the answer to {0} / {1} (attempt {2}) after reconnecting",
+                    a.scope(), a.operation(), a.attempt());
+        }
     }
 
     /** No send of {@code target} (null: of any target) is pending or sending. */
@@ -439,19 +640,54 @@ public final class Sender implements AutoCloseable {
      * The worker: rounds of {@link #runOnce} while there is due work; between them it waits for a
      * NOTIFY on {@code idempotency_send} (on a connection of its own from the DataSource, when the
      * driver is pgjdbc; not through PgBouncer's transaction pooling) or the poll interval. Returns
-     * when {@code stop} says so (checked between rounds: the attempts in flight are recorded) or,
-     * with {@code untilIdle}, when nothing of the target is left to send.
+     * when {@code stop} says so (checked between rounds and during waits: the attempts in flight
+     * are recorded first) or, with {@code untilIdle}, when nothing of the target is left to send.
+     *
+     * <p>A database error (the backend terminated, the server restarting or down, a failover, a
+     * deadlock, a serialization failure) does not end it: it is logged ({@value #LOGGER}, WARNING,
+     * the SQLException as the record's thrown), the LISTEN connection is closed, and after a wait
+     * of exponential backoff with full jitter ({@link Builder#reconnectBackoff}) the worker takes
+     * connections again (INFO, {@link #RECONNECTED}), records the answers the error kept from being
+     * recorded while their lease holds, and goes on.
      */
-    public void run(String target, boolean untilIdle, BooleanSupplier stop) throws SQLException {
-        try (Listener listener = Listener.open(db)) {
+    public void run(String target, boolean untilIdle, BooleanSupplier stop) {
+        Listener listener = null;
+        int failures = 0;
+        try {
             while (!stop.getAsBoolean()) {
-                if (runOnce(target) > 0) {
-                    continue;
+                try {
+                    if (listener == null) {
+                        listener = Listener.open(db);
+                        if (failures > 0) {
+                            LOG.log(System.Logger.Level.INFO, RECONNECTED);
+                        }
+                        recordKept();
+                    }
+                    int worked = runOnce(target);
+                    failures = 0;
+                    if (worked > 0) {
+                        continue;
+                    }
+                    if (untilIdle && idle(target)) {
+                        return;
+                    }
+                    listener.await(pollInterval, stop);
+                } catch (SQLException e) {
+                    failures++;
+                    long delay = SendRules.reconnectDelayMillis(failures, reconnectBase, reconnectCap,
+                            ThreadLocalRandom.current()::nextDouble);
+                    LOG.log(System.Logger.Level.WARNING, "database error (" + errorCode(e) + "): " + firstLine(e)
+                            + "; reconnecting in " + delay + " ms", e);
+                    if (listener != null) {
+                        listener.close();
+                        listener = null;
+                    }
+                    Listener.pause(delay, stop);
                 }
-                if (untilIdle && idle(target)) {
-                    return;
-                }
-                listener.await(pollInterval);
+            }
+        } finally {
+            if (listener != null) {
+                listener.close();
             }
         }
     }
@@ -463,17 +699,20 @@ public final class Sender implements AutoCloseable {
     }
 
     /** A LISTEN session (pgjdbc), or a plain sleep when the driver is not pgjdbc. */
-    private static final class Listener implements AutoCloseable {
+    private static final class Listener {
+        /** The longest single wait, so that a stop is seen soon. */
+        private static final long SLICE_MS = 100;
         private final Connection conn;
 
         private Listener(Connection conn) {
             this.conn = conn;
         }
 
+        /** Takes a connection and LISTENs on it (pgjdbc); otherwise checks one works and gives it back. */
         static Listener open(DataSource db) throws SQLException {
             Connection c = db.getConnection();
             try {
-                if (c.isWrapperFor(org.postgresql.PGConnection.class)) {
+                if (isPgjdbc(c)) {
                     try (Statement st = c.createStatement()) {
                         st.execute("LISTEN " + CHANNEL);
                     }
@@ -482,23 +721,49 @@ public final class Sender implements AutoCloseable {
                     }
                     return new Listener(c);
                 }
-            } catch (NoClassDefFoundError e) {
-                // not pgjdbc: poll only
+                try (Statement st = c.createStatement()) {
+                    st.execute("SELECT 1");
+                }
+            } catch (SQLException | RuntimeException e) {
+                closeQuietly(c);
+                throw e;
             }
-            c.close();
+            closeQuietly(c);
             return new Listener(null);
         }
 
-        void await(Duration d) throws SQLException {
-            int ms = (int) Math.max(1, Math.min(Integer.MAX_VALUE, d.toMillis()));
-            if (conn == null) {
-                sleep(ms);
-                return;
+        private static boolean isPgjdbc(Connection c) throws SQLException {
+            try {
+                return c.isWrapperFor(org.postgresql.PGConnection.class);
+            } catch (NoClassDefFoundError e) {
+                return false; // not pgjdbc: poll only
             }
-            conn.unwrap(org.postgresql.PGConnection.class).getNotifications(ms);
         }
 
-        private static void sleep(int ms) {
+        /** Waits for a NOTIFY, the poll interval, or the stop; a database error is thrown. */
+        void await(Duration d, BooleanSupplier stop) throws SQLException {
+            long end = System.nanoTime() + d.toNanos();
+            for (long left = d.toMillis(); left > 0 && !stop.getAsBoolean();
+                    left = TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime())) {
+                int slice = (int) Math.max(1, Math.min(SLICE_MS, left));
+                if (conn == null) {
+                    sleep(slice);
+                } else if (conn.unwrap(org.postgresql.PGConnection.class).getNotifications(slice).length > 0) {
+                    return;
+                }
+            }
+        }
+
+        /** Sleeps {@code ms}, or less when the stop comes. */
+        static void pause(long ms, BooleanSupplier stop) {
+            long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
+            for (long left = ms; left > 0 && !stop.getAsBoolean();
+                    left = TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime())) {
+                sleep(Math.min(SLICE_MS, left));
+            }
+        }
+
+        private static void sleep(long ms) {
             try {
                 Thread.sleep(ms);
             } catch (InterruptedException e) {
@@ -506,15 +771,40 @@ public final class Sender implements AutoCloseable {
             }
         }
 
-        @Override
-        public void close() throws SQLException {
+        /** Closes its connection (UNLISTEN first when it still works). */
+        void close() {
             if (conn != null) {
                 try (Statement st = conn.createStatement()) {
                     st.execute("UNLISTEN " + CHANNEL);
-                } finally {
-                    conn.close();
+                } catch (SQLException e) {
+                    LOG.log(System.Logger.Level.DEBUG, "UNLISTEN failed (the connection is closed anyway)", e);
                 }
+                closeQuietly(conn);
             }
+        }
+    }
+
+    private static void closeQuietly(Connection c) {
+        try {
+            c.close();
+        } catch (SQLException e) {
+            LOG.log(System.Logger.Level.DEBUG, "closing a connection failed", e);
+        }
+    }
+
+    private static void rollbackQuietly(Connection c) {
+        try {
+            c.rollback();
+        } catch (SQLException e) {
+            LOG.log(System.Logger.Level.DEBUG, "rollback failed", e);
+        }
+    }
+
+    private static void autocommitQuietly(Connection c) {
+        try {
+            c.setAutoCommit(true);
+        } catch (SQLException e) {
+            LOG.log(System.Logger.Level.DEBUG, "setAutoCommit(true) failed", e);
         }
     }
 

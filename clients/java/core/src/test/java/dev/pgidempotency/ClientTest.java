@@ -10,6 +10,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.sql.Connection;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
 import java.time.Duration;
 import java.time.OffsetDateTime;
 import java.util.List;
@@ -131,6 +133,54 @@ class ClientTest {
             assertEquals(Outcome.CLAIMED, repeated.outcome());
             assertEquals(token, repeated.token());
             assertEquals(1, repeated.attempts());
+        }
+    }
+
+    /** Whether the session of {@code c} has a transaction id (has written), seen from {@code observer}. */
+    private static boolean wrote(Connection observer, Connection c) throws Exception {
+        int pid;
+        try (ResultSet rs = c.createStatement().executeQuery("SELECT pg_backend_pid()")) {
+            rs.next();
+            pid = rs.getInt(1);
+        }
+        try (PreparedStatement st = observer.prepareStatement("SELECT backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid = ?")) {
+            st.setInt(1, pid);
+            try (ResultSet rs = st.executeQuery()) {
+                rs.next();
+                return rs.getBoolean(1);
+            }
+        }
+    }
+
+    /**
+     * Deferred (extension 0.6.0): a claim in the transaction of its complete writes nothing before
+     * the complete; committed without one it leaves the in_progress record. Without deferred the
+     * claim writes at once.
+     */
+    @ParameterizedTest
+    @MethodSource("dev.pgidempotency.Databases#both")
+    void aDeferredClaimWritesNothingUntilItsComplete(String db) throws Exception {
+        try (Connection c = Databases.connect(db); Connection observer = Databases.connect("DATABASE_URL")) {
+            assertTrue(idem.features(c).claimDeferred(), "the extension under test has idem_claim(deferred)");
+            c.setAutoCommit(false);
+            String k = key();
+            Claim cl = idem.claim(c, "s", k, ClaimOptions.NONE.withDeferred(true));
+            assertEquals(Outcome.CLAIMED, cl.outcome());
+            assertFalse(wrote(observer, c), "a deferred claim has written nothing");
+            assertEquals("in_progress", idem.lookup(c, "s", k).orElseThrow().status(), "its own transaction sees it");
+            idem.complete(c, "s", k, cl.token(), 201, "{}", null);
+            c.commit();
+            assertEquals("completed", idem.lookup(observer, "s", k).orElseThrow().status());
+
+            String open = key();
+            idem.claim(c, "s", open, ClaimOptions.NONE.withDeferred(true).withLease(Duration.ofSeconds(30)));
+            c.commit();
+            assertEquals("in_progress", idem.lookup(observer, "s", open).orElseThrow().status(),
+                    "a COMMIT without a complete writes the in_progress record");
+
+            idem.claim(c, "s", key(), ClaimOptions.NONE);
+            assertTrue(wrote(observer, c), "without deferred the claim writes at once");
+            c.rollback();
         }
     }
 

@@ -11,6 +11,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 
 /**
  * How a response is stored with {@code idem_complete} and sent again on replay, byte for byte (the
@@ -24,6 +25,13 @@ import java.util.Map;
 public final class StoredResponse {
     public static final String ENCODING_MARK = ":body-encoding";
     public static final String REPLAYED_HEADER = "Idempotent-Replayed";
+    /**
+     * A handler's own answers that mean "refused before any work" (contract.json's
+     * {@code refused_statuses}): never stored, the key is released, so the same key with a
+     * corrected request runs as new.
+     */
+    public static final Set<Integer> REFUSED_STATUSES = Set.of(400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415,
+            422, 429);
 
     private StoredResponse() {}
 

@@ -90,6 +90,15 @@ class ContractTest {
     }
 
     @Test
+    void refusedStatusesAreTheContracts() {
+        Set<Integer> statuses = new java.util.TreeSet<>();
+        for (Object s : (List<?>) ((Map<?, ?>) contract.get("refused_statuses")).get("statuses")) {
+            statuses.add(((BigDecimal) s).intValueExact());
+        }
+        assertEquals(statuses, new java.util.TreeSet<>(StoredResponse.REFUSED_STATUSES));
+    }
+
+    @Test
     void theKeyHeader() {
         Map<?, ?> k = (Map<?, ?>) contract.get("key_header");
         assertEquals(k.get("name"), "Idempotency-Key");

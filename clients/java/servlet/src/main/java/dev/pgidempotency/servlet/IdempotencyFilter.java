@@ -23,6 +23,7 @@ import java.io.IOException;
 import java.sql.Connection;
 import java.sql.SQLException;
 import java.sql.SQLTransientConnectionException;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -41,6 +42,8 @@ import javax.sql.DataSource;
 public final class IdempotencyFilter implements Filter {
     private static final System.Logger LOG = System.getLogger(IdempotencyFilter.class.getName());
     public static final String KEY_HEADER = "Idempotency-Key";
+    /** How long a request waits for a connection unless told otherwise ({@link Builder#connectionTimeout}). */
+    public static final Duration DEFAULT_CONNECTION_TIMEOUT = Duration.ofSeconds(1);
 
     /** The tenant of a request (a prefix of the scope), or null; may throw {@link HttpProblemException} (401). */
     @FunctionalInterface
@@ -57,7 +60,7 @@ public final class IdempotencyFilter implements Filter {
         Runnable bind(Connection connection);
     }
 
-    private final DataSource dataSource;
+    private final BoundedConnections connections;
     private final IdempotencyClient client;
     private final Map<RouteTemplate, RouteOptions> routes;
     private final Tenant tenant;
@@ -65,7 +68,7 @@ public final class IdempotencyFilter implements Filter {
     private final ScheduledExecutorService timer;
 
     private IdempotencyFilter(Builder b) {
-        this.dataSource = b.dataSource;
+        this.connections = new BoundedConnections(b.dataSource, b.connectionTimeout);
         this.client = b.client;
         this.routes = Collections.unmodifiableMap(new java.util.LinkedHashMap<>(b.routes));
         this.tenant = b.tenant;
@@ -88,6 +91,7 @@ public final class IdempotencyFilter implements Filter {
         private IdempotencyClient client = new IdempotencyClient();
         private Tenant tenant = r -> null;
         private TransactionBinding binding = c -> () -> {};
+        private Duration connectionTimeout = DEFAULT_CONNECTION_TIMEOUT;
 
         private Builder(DataSource dataSource) {
             this.dataSource = java.util.Objects.requireNonNull(dataSource, "dataSource");
@@ -114,6 +118,15 @@ public final class IdempotencyFilter implements Filter {
             return this;
         }
 
+        /**
+         * How long a request waits for a connection of the DataSource (default 1 s), whatever the
+         * pool's own timeout: then it is answered 503 service-unavailable with Retry-After.
+         */
+        public Builder connectionTimeout(Duration v) {
+            connectionTimeout = v;
+            return this;
+        }
+
         public IdempotencyFilter build() {
             return new IdempotencyFilter(this);
         }
@@ -122,6 +135,7 @@ public final class IdempotencyFilter implements Filter {
     @Override
     public void destroy() {
         timer.shutdownNow();
+        connections.shutdown();
     }
 
     @Override
@@ -217,19 +231,15 @@ public final class IdempotencyFilter implements Filter {
      * and an answer without work is sent before its ROLLBACK.
      */
     private HttpAnswer sameTransaction(Request r) throws SQLException, IOException {
-        try (Connection db = dataSource.getConnection()) {
-            db.setAutoCommit(false);
+        Claimed claimed = openClaim(r);
+        Claim c = claimed.claim();
+        try (Connection db = claimed.db()) {
             boolean open = true;
             try {
-                Claim c = null;
-                if (r.key() != null) {
-                    c = client.claim(db, r.scope(), r.key(),
-                            ClaimOptions.NONE.withFingerprint(r.fingerprint()).withTtl(r.o().ttl()));
-                    if (!c.outcome().owns()) {
-                        // The claim wrote nothing: the answer goes out first, the ROLLBACK (below) after it.
-                        send(r.res(), answerWithoutWork(c));
-                        return null;
-                    }
+                if (c != null && !c.outcome().owns()) {
+                    // The claim wrote nothing: the answer goes out first, the ROLLBACK (below) after it.
+                    send(r.res(), answerWithoutWork(c));
+                    return null;
                 }
                 Ran ran;
                 Runnable unbind = binding.bind(db);
@@ -271,6 +281,42 @@ public final class IdempotencyFilter implements Filter {
         }
     }
 
+    /** A connection in an open transaction, and the request's claim in it (null without a key). */
+    private record Claimed(Connection db, Claim claim) {}
+
+    /**
+     * Same transaction: a connection (within the filter's connection timeout) with autocommit off,
+     * and the deferred claim (extension 0.6.0: a claim of a free key writes nothing; idem_complete
+     * writes the completed record once). A connection that turns out dead at the claim (the server
+     * restarted, or ended the session, while it sat in the pool: its last message, 57P01, or the
+     * closed socket) took its transaction with it, so nothing was done: it goes back to the pool,
+     * which discards it for that SQLSTATE, and the claim is made on the next connection, until the
+     * deadline. So the first requests after a restart succeed, however many pooled connections the
+     * restart closed; with the database down they end in 503 at the deadline.
+     */
+    private Claimed openClaim(Request r) throws SQLException {
+        long deadline = connections.deadline();
+        Connection db = connections.get(deadline);
+        while (true) {
+            try {
+                db.setAutoCommit(false);
+                Claim c = r.key() == null ? null : client.claim(db, r.scope(), r.key(),
+                        ClaimOptions.NONE.withFingerprint(r.fingerprint()).withTtl(r.o().ttl()).withDeferred(true));
+                return new Claimed(db, c);
+            } catch (SQLException e) {
+                rollbackQuietly(db);
+                restoreAutoCommit(db);
+                closeQuietly(db);
+                if (!isConnectionFailure(e) || System.nanoTime() - deadline >= 0) {
+                    throw e;
+                }
+                LOG.log(System.Logger.Level.INFO, "pg-idempotency: {0}: the claim''s connection was dead ({1}): taking another",
+                        r.scope(), e.getMessage());
+                db = connections.get(deadline);
+            }
+        }
+    }
+
     // ---- committed first ----------------------------------------------------------------
 
     private HttpAnswer committedFirst(Request r) throws SQLException, IOException {
@@ -286,7 +332,7 @@ public final class IdempotencyFilter implements Filter {
         if (!c.outcome().owns()) {
             return answerWithoutWork(c);
         }
-        Lease lease = new Lease(client, dataSource, timer, r.scope(), r.key(), c.token(), r.o().lease(),
+        Lease lease = new Lease(client, connections, timer, r.scope(), r.key(), c.token(), r.o().lease(),
                 c.recoveryPoint(), c.recoveryDataJson());
         Ran ran;
         try {
@@ -313,7 +359,7 @@ public final class IdempotencyFilter implements Filter {
             return null;
         }
         byte[] toSend;
-        try (Connection db = dataSource.getConnection()) {
+        try (Connection db = connections.get()) {
             toSend = complete(db, r, c.token(), captured);
         } catch (IdempotencyException.ClaimTakenOver | IdempotencyException.NoLiveRecord e) {
             return fenced(r);
@@ -324,26 +370,26 @@ public final class IdempotencyFilter implements Filter {
 
     /**
      * The committed claim, with a fresh caller-chosen token (extension 0.4.0): when the connection
-     * breaks during it, the same call repeated says whether this request owns the key.
+     * breaks during it (or is found dead: a restart closed the pool's connections), the same call
+     * repeated on another connection says whether this request owns the key; again until the
+     * filter's connection deadline. Without the token a broken claim is not repeated.
      */
     private Claim claimCommitted(Request r) throws SQLException {
         ClaimOptions opts = ClaimOptions.NONE.withFingerprint(r.fingerprint()).withTtl(r.o().ttl())
                 .withLease(r.o().lease()).withWaitFor(r.o().waitFor()).withToken(UUID.randomUUID());
-        boolean tokenSupported;
-        try (Connection db = dataSource.getConnection()) {
-            tokenSupported = client.features(db).claimToken();
-            try {
+        long deadline = connections.deadline();
+        while (true) {
+            Boolean tokenSupported = null; // unknown until the features are read (nothing claimed before)
+            try (Connection db = connections.get(deadline)) {
+                tokenSupported = client.features(db).claimToken();
                 return client.claim(db, r.scope(), r.key(), opts);
             } catch (SQLException e) {
-                if (!tokenSupported || !isConnectionFailure(e)) {
+                if (Boolean.FALSE.equals(tokenSupported) || !isConnectionFailure(e) || System.nanoTime() - deadline >= 0) {
                     throw e;
                 }
-                LOG.log(System.Logger.Level.WARNING, "pg-idempotency: {0} {1}: the claim''s connection failed ({2}); repeating it with the same token",
-                        r.scope(), r.key(), e.getMessage());
+                LOG.log(System.Logger.Level.INFO, "pg-idempotency: {0} {1}: the claim''s connection failed ({2});"
+                        + " repeating it with the same token on another", r.scope(), r.key(), e.getMessage());
             }
-        }
-        try (Connection db = dataSource.getConnection()) {
-            return client.claim(db, r.scope(), r.key(), opts);
         }
     }
 
@@ -351,7 +397,7 @@ public final class IdempotencyFilter implements Filter {
     private HttpAnswer completeAnswer(Request r, UUID token, HttpAnswer failure) throws SQLException {
         StoredResponse.ToStore s = StoredResponse.toStore(failure.headers(), failure.body(), r.o().replayHeaders());
         String stored;
-        try (Connection db = dataSource.getConnection()) {
+        try (Connection db = connections.get()) {
             stored = client.complete(db, r.scope(), r.key(), token, failure.status(), s.bodyJson(), s.headersJson());
         } catch (IdempotencyException.ClaimTakenOver | IdempotencyException.NoLiveRecord e) {
             return fenced(r);
@@ -360,7 +406,7 @@ public final class IdempotencyFilter implements Filter {
     }
 
     private void release(Request r, UUID token) throws SQLException {
-        try (Connection db = dataSource.getConnection()) {
+        try (Connection db = connections.get()) {
             client.release(db, r.scope(), r.key(), token);
         }
     }
@@ -443,6 +489,14 @@ public final class IdempotencyFilter implements Filter {
             }
         }
         return false;
+    }
+
+    private static void closeQuietly(Connection db) {
+        try {
+            db.close();
+        } catch (SQLException e) {
+            LOG.log(System.Logger.Level.DEBUG, "close failed", e);
+        }
     }
 
     private static void rollbackQuietly(Connection db) {

@@ -9,14 +9,13 @@ import java.util.UUID;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
-import javax.sql.DataSource;
 
 /** Keeps a committed claim's lease alive: idem_checkpoint every third of the lease, on a pool connection. */
 final class Lease {
     private static final System.Logger LOG = System.getLogger(IdempotencyFilter.class.getName());
 
     private final IdempotencyClient client;
-    private final DataSource dataSource;
+    private final BoundedConnections connections;
     private final String scope;
     private final String key;
     private final UUID token;
@@ -27,10 +26,10 @@ final class Lease {
     volatile boolean sideEffects;
     volatile boolean lost;
 
-    Lease(IdempotencyClient client, DataSource dataSource, ScheduledExecutorService timer, String scope, String key,
+    Lease(IdempotencyClient client, BoundedConnections connections, ScheduledExecutorService timer, String scope, String key,
             UUID token, Duration lease, String point, String dataJson) {
         this.client = client;
-        this.dataSource = dataSource;
+        this.connections = connections;
         this.scope = scope;
         this.key = key;
         this.token = token;
@@ -45,7 +44,7 @@ final class Lease {
         if (lost) {
             return;
         }
-        try (Connection db = dataSource.getConnection()) {
+        try (Connection db = connections.get()) {
             client.checkpoint(db, scope, key, token, point, dataJson, lease);
         } catch (IdempotencyException.ClaimTakenOver | IdempotencyException.NoLiveRecord e) {
             lost = true;
@@ -61,7 +60,7 @@ final class Lease {
         if (db != null) {
             client.checkpoint(db, scope, key, token, newPoint, newDataJson, lease);
         } else {
-            try (Connection own = dataSource.getConnection()) {
+            try (Connection own = connections.get()) {
                 client.checkpoint(own, scope, key, token, newPoint, newDataJson, lease);
             }
         }

@@ -1,5 +1,6 @@
 package dev.pgidempotency.servlet;
 
+import dev.pgidempotency.http.StoredResponse;
 import java.time.Duration;
 import java.util.List;
 import java.util.Set;
@@ -20,9 +21,6 @@ public record RouteOptions(Mode mode, Set<String> ignore, boolean required, Dura
 
     public static final RouteOptions DEFAULTS = new RouteOptions(Mode.SAME_TRANSACTION, Set.of(), true, null,
             Duration.ofSeconds(30), null, List.of("Location", "Content-Type"), false);
-
-    /** Answers that mean "refused before any work": never stored (the key is given back). */
-    static final Set<Integer> REFUSED = Set.of(400, 401, 403, 404, 405, 406, 408, 411, 413, 414, 415, 429);
 
     public RouteOptions {
         ignore = Set.copyOf(ignore);
@@ -69,6 +67,6 @@ public record RouteOptions(Mode mode, Set<String> ignore, boolean required, Dura
         if (status >= 500) {
             return storeServerErrors;
         }
-        return !REFUSED.contains(status);
+        return !StoredResponse.REFUSED_STATUSES.contains(status);
     }
 }

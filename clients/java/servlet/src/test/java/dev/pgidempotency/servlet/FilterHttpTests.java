@@ -13,10 +13,12 @@ import dev.pgidempotency.DatabaseUrl;
 import dev.pgidempotency.Json;
 import dev.pgidempotency.http.HttpProblemException;
 import dev.pgidempotency.http.Problem;
+import dev.pgidempotency.http.StoredResponse;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -275,6 +277,72 @@ abstract class FilterHttpTests {
         String t = tenant();
         assertEquals(201, post("/tx", t, quoted("x"), BODY).statusCode());
         assertEquals(1, TestApp.count(ds, t), "same transaction: the failed attempts' writes were rolled back");
+    }
+
+    /** One raw request line by line (java.net.http refuses control characters in header values); its status line and Content-Type. */
+    private String[] raw(String tenant, byte[] keyValue) throws Exception {
+        byte[] body = BODY.getBytes(StandardCharsets.UTF_8);
+        java.io.ByteArrayOutputStream req = new java.io.ByteArrayOutputStream();
+        req.write(("POST /tx HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                + "X-Api-Key: " + tenant + "\r\nContent-Length: " + body.length + "\r\nIdempotency-Key: ")
+                .getBytes(StandardCharsets.ISO_8859_1));
+        req.write(keyValue);
+        req.write("\r\n\r\n".getBytes(StandardCharsets.ISO_8859_1));
+        req.write(body);
+        try (java.net.Socket sock = new java.net.Socket("127.0.0.1", app.port)) {
+            sock.setSoTimeout(10_000);
+            sock.getOutputStream().write(req.toByteArray());
+            String head = new String(sock.getInputStream().readAllBytes(), StandardCharsets.ISO_8859_1).split("\r\n\r\n")[0];
+            String type = head.lines().filter(l -> l.toLowerCase(java.util.Locale.ROOT).startsWith("content-type:"))
+                    .map(l -> l.substring(13).strip()).findFirst().orElse("");
+            return new String[] {head.lines().findFirst().orElse(""), type};
+        }
+    }
+
+    /**
+     * What really happens to control characters in the key on Tomcat (what the README says):
+     * every one but the tab is refused by Tomcat itself, before the filter, with its own HTML 400
+     * page; the tab (and any non-ASCII byte) reaches the filter: 400 problem+json
+     * idempotency-key-invalid. Nothing is claimed either way.
+     */
+    @Test
+    void controlCharactersInTheKey() throws Exception {
+        String t = tenant();
+        for (int c = 0; c < 0x80; c++) {
+            if (c >= 0x20 && c < 0x7f) {
+                continue;
+            }
+            byte[] key = {'"', 'k', (byte) c, '1', '"'};
+            String[] got = raw(t, key);
+            String want = c == '\t' ? "HTTP/1.1 400 ;" + Problem.CONTENT_TYPE : "HTTP/1.1 400 ;text/html;charset=utf-8";
+            assertEquals(want, got[0] + ";" + got[1], "control character 0x" + Integer.toHexString(c));
+        }
+        String[] nonAscii = raw(t, new byte[] {'"', 'k', (byte) 0xc3, (byte) 0xa9, '"'});
+        assertEquals("HTTP/1.1 400 ;" + Problem.CONTENT_TYPE, nonAscii[0] + ";" + nonAscii[1], "a non-ASCII key");
+        assertEquals(0, records(t), "nothing claimed");
+        assertEquals(0, TestApp.count(ds, t), "nothing ran");
+    }
+
+    /** contract.json's refused_statuses, 422 included: the handler's own refusal is not stored, the key stays free. */
+    @Test
+    void theHandlersOwnRefusalsLeaveTheKeyFree() throws Exception {
+        for (String path : List.of("/tx", "/ext")) {
+            for (int status : List.of(404, 409, 422)) {
+                String t = tenant();
+                String k = quoted(UUID.randomUUID().toString());
+                assertEquals(status, post(path, t, k, BODY, "X-Test-Status", String.valueOf(status)).statusCode());
+                boolean refused = StoredResponse.REFUSED_STATUSES.contains(status);
+                assertEquals(refused ? 0 : 1, records(t), path + " " + status);
+                HttpResponse<byte[]> again = post(path, t, k, BODY);
+                if (refused) {
+                    assertEquals(201, again.statusCode(), path + " " + status);
+                    assertFalse(replayed(again), path + " " + status);
+                } else {
+                    assertEquals(status, again.statusCode(), path + " " + status + ": stored and replayed");
+                    assertTrue(replayed(again), path + " " + status);
+                }
+            }
+        }
     }
 
     @Test

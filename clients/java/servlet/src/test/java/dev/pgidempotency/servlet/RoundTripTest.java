@@ -1,6 +1,8 @@
 package dev.pgidempotency.servlet;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
@@ -18,12 +20,17 @@ import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.DriverManager;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
 import java.sql.SQLException;
 import java.sql.SQLFeatureNotSupportedException;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -50,6 +57,7 @@ class RoundTripTest {
         private final ServerSocket listener;
         private int trips;
         private int holdAfter = -1;
+        private final List<String> statements = new ArrayList<>();
 
         TripProxy(String host, int port) throws IOException {
             listener = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
@@ -82,7 +90,26 @@ class RoundTripTest {
 
         synchronized void reset(int holdAfter) {
             trips = 0;
+            statements.clear();
             this.holdAfter = holdAfter;
+        }
+
+        /** The SQL text of every Parse and Query message since the last reset. */
+        synchronized List<String> statements() {
+            return List.copyOf(statements);
+        }
+
+        private synchronized void sawStatement(byte[] m) {
+            int from = m[0] == 'P' ? indexOfZero(m, 5) + 1 : 5; // Parse: the statement's name first
+            statements.add(new String(m, from, indexOfZero(m, from) - from, StandardCharsets.UTF_8));
+        }
+
+        private static int indexOfZero(byte[] m, int from) {
+            int i = from;
+            while (m[i] != 0) {
+                i++;
+            }
+            return i;
         }
 
         synchronized void release() {
@@ -132,6 +159,9 @@ class RoundTripTest {
                     char kind = (char) m[0];
                     if (pending.get() == 0 && !composing && kind != 'X') {
                         startTrip();
+                    }
+                    if (kind == 'P' || kind == 'Q') {
+                        sawStatement(m);
                     }
                     composing = kind != 'Q' && kind != 'S';
                     if (!composing) {
@@ -261,33 +291,101 @@ class RoundTripTest {
         }
     }
 
-    private record Counted(HttpResponse<byte[]> answer, int trips) {}
+    private record Counted(HttpResponse<byte[]> answer, int trips, List<String> statements) {
+        String claim() {
+            return statements.stream().filter(q -> q.contains("idem_claim(")).findFirst().orElse("(no idem_claim)");
+        }
+    }
 
     /** One request with the round trips after the first {@code holdAfter} held (-1: none); the answer must come while they are held. */
     private Counted counted(TripProxy proxy, OneConnection ds, int port, String path, String key, String body, int holdAfter)
             throws Exception {
         ds.awaitReturned();
         proxy.reset(holdAfter);
-        HttpRequest req = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
-                .timeout(Duration.ofSeconds(30)).header("Content-Type", "application/json")
-                .header("X-Api-Key", "round-trips").header("Idempotency-Key", "\"" + key + "\"")
-                .POST(HttpRequest.BodyPublishers.ofString(body)).build();
-        CompletableFuture<HttpResponse<byte[]>> sent = http.sendAsync(req, HttpResponse.BodyHandlers.ofByteArray());
+        CompletableFuture<HttpResponse<byte[]>> sent = http.sendAsync(request(port, path, key, body).build(),
+                HttpResponse.BodyHandlers.ofByteArray());
         HttpResponse<byte[]> answer;
         try {
             answer = sent.get(10, TimeUnit.SECONDS);
         } catch (TimeoutException e) {
             proxy.release();
-            return fail("no answer while the round trips after the first " + holdAfter + " were held");
+            return fail("no answer while the round trips after the first " + holdAfter + " were held; trips so far " + proxy.trips() + ": " + proxy.statements());
         } finally {
             proxy.release();
         }
         ds.awaitReturned();
-        return new Counted(answer, proxy.trips());
+        return new Counted(answer, proxy.trips(), proxy.statements());
+    }
+
+    private static HttpRequest.Builder request(int port, String path, String key, String body) {
+        return HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
+                .timeout(Duration.ofSeconds(30)).header("Content-Type", "application/json")
+                .header("X-Api-Key", "round-trips").header("Idempotency-Key", "\"" + key + "\"")
+                .POST(HttpRequest.BodyPublishers.ofString(body));
     }
 
     private static boolean replayed(HttpResponse<?> r) {
         return "true".equals(r.headers().firstValue("Idempotent-Replayed").orElse(null));
+    }
+
+    /** The record of (POST PATH, key), as another connection sees it: its status, or null. */
+    private static String recordStatus(Connection observer, String path, String key) throws SQLException {
+        try (PreparedStatement st = observer.prepareStatement(
+                "SELECT status::text FROM idempotency.keys WHERE scope = ? AND key = ?")) {
+            st.setString(1, "POST " + path);
+            st.setString(2, key);
+            try (ResultSet rs = st.executeQuery()) {
+                return rs.next() ? rs.getString(1) : null;
+            }
+        }
+    }
+
+    @FunctionalInterface
+    private interface Probe {
+        void run() throws Exception;
+    }
+
+    /** Sends a request whose handler sleeps 1.5 s before its INSERT, and runs {@code during} meanwhile. */
+    private void whileTheHandlerSleeps(OneConnection ds, int port, String path, String key, Probe during) throws Exception {
+        ds.awaitReturned();
+        CompletableFuture<HttpResponse<byte[]>> sent = http.sendAsync(
+                request(port, path, key, "{}").header("X-Test-Sleep-Ms", "1500").build(),
+                HttpResponse.BodyHandlers.ofByteArray());
+        Thread.sleep(500);
+        during.run();
+        HttpResponse<byte[]> answer = sent.get(30, TimeUnit.SECONDS);
+        assertEquals(201, answer.statusCode(), () -> new String(answer.body()));
+    }
+
+    /**
+     * Deferred (extension 0.6.0): while the handler runs, the claim's session holds the key's lock
+     * (advisory, objsubid 7649) but has no transaction id, so it has written nothing, no in_progress
+     * row (an uncommitted row would be invisible to another connection as well: the transaction id
+     * is what tells). After the complete, the completed record is there.
+     */
+    private void theSameTransactionClaimWritesNothingBeforeTheComplete(Connection observer, OneConnection ds, int port)
+            throws Exception {
+        String key = UUID.randomUUID().toString();
+        whileTheHandlerSleeps(ds, port, "/tx", key, () -> {
+            assertNull(recordStatus(observer, "/tx", key), "no record before the complete");
+            try (ResultSet rs = observer.createStatement().executeQuery("""
+                    SELECT a.backend_xid IS NULL, a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                    WHERE l.locktype = 'advisory' AND l.objsubid = 7649 AND l.granted AND l.database = a.datid""")) {
+                assertTrue(rs.next(), "the claim's session holds the key lock");
+                assertTrue(rs.getBoolean(1), "the claim's session has no transaction id: it wrote nothing");
+                assertEquals("idle in transaction", rs.getString(2));
+                assertFalse(rs.next(), "one key lock");
+            }
+        });
+        assertEquals("completed", recordStatus(observer, "/tx", key));
+    }
+
+    /** Committed first is not deferred: its in_progress record is committed before the handler runs. */
+    private void theCommittedFirstClaimIsThereAtOnce(Connection observer, OneConnection ds, int port) throws Exception {
+        String key = UUID.randomUUID().toString();
+        whileTheHandlerSleeps(ds, port, "/ext", key,
+                () -> assertEquals("in_progress", recordStatus(observer, "/ext", key)));
+        assertEquals("completed", recordStatus(observer, "/ext", key));
     }
 
     /** Against the server, and through PgBouncer in transaction pooling mode. */
@@ -316,7 +414,9 @@ class RoundTripTest {
                     String key = UUID.randomUUID().toString();
                     Counted fresh = counted(proxy, ds, app.port, "/tx", key, "{\"n\": 1}", -1);
                     assertEquals(201, fresh.answer().statusCode(), () -> new String(fresh.answer().body()));
-                    assertEquals(3, fresh.trips(), "a fresh key: BEGIN with the claim, the INSERT, idem_complete with COMMIT");
+                    assertEquals(3, fresh.trips(), () -> "a fresh key: BEGIN with the claim, the INSERT, idem_complete with COMMIT: "
+                            + fresh.statements());
+                    assertTrue(fresh.claim().contains("deferred => true"), fresh.claim());
 
                     Counted replay = counted(proxy, ds, app.port, "/tx", key, "{\"n\": 1}", 1);
                     assertTrue(replayed(replay.answer()), () -> new String(replay.answer().body()));
@@ -327,10 +427,17 @@ class RoundTripTest {
                     assertEquals(2, mismatch.trips(), "a mismatch: BEGIN with the claim, the ROLLBACK after the answer");
 
                     String ext = UUID.randomUUID().toString();
-                    assertEquals(201, counted(proxy, ds, app.port, "/ext", ext, "{}", -1).answer().statusCode());
+                    Counted committed = counted(proxy, ds, app.port, "/ext", ext, "{}", -1);
+                    assertEquals(201, committed.answer().statusCode());
+                    assertFalse(committed.claim().contains("deferred"), "committed first is not deferred: " + committed.claim());
                     Counted again = counted(proxy, ds, app.port, "/ext", ext, "{}", 1);
                     assertTrue(replayed(again.answer()));
                     assertEquals(1, again.trips(), "a committed-first replay: the claim alone");
+
+                    try (Connection observer = DriverManager.getConnection(DatabaseUrl.toJdbc(url))) {
+                        theSameTransactionClaimWritesNothingBeforeTheComplete(observer, ds, app.port);
+                        theCommittedFirstClaimIsThereAtOnce(observer, ds, app.port);
+                    }
                 } finally {
                     filter.destroy();
                 }

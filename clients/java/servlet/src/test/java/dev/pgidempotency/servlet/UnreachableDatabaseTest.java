@@ -17,6 +17,7 @@ import java.net.http.HttpResponse;
 import java.sql.Connection;
 import java.sql.ResultSet;
 import java.time.Duration;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import org.postgresql.ds.PGSimpleDataSource;
@@ -70,6 +71,66 @@ class UnreachableDatabaseTest {
             b.header(headers[i], headers[i + 1]);
         }
         return HttpClient.newHttpClient().send(b.build(), HttpResponse.BodyHandlers.ofByteArray());
+    }
+
+    private static void assertWithinTheBound(long startedNanos, String what) {
+        double took = (System.nanoTime() - startedNanos) / 1e9;
+        assertTrue(took < 2.0, what + ": answered in " + took + " s, not within 2 s");
+    }
+
+    /**
+     * The filter's own bound, whatever the pool's: HikariCP with its default connectionTimeout
+     * (30 s) against a port where nothing listens, and a plain DataSource whose server accepts
+     * the connection and never answers (pgjdbc would wait for it as long as the socket lives):
+     * 503 problem+json within 2 s, both modes.
+     */
+    @Test
+    void the503ComesWithinTheFiltersBoundWhateverThePoolWaits() throws Exception {
+        int deadPort;
+        try (ServerSocket s = new ServerSocket(0)) {
+            deadPort = s.getLocalPort();
+        }
+        HikariConfig c = new HikariConfig();
+        c.setJdbcUrl("jdbc:postgresql://127.0.0.1:" + deadPort + "/postgres?user=postgres");
+        c.setInitializationFailTimeout(-1);
+        assertEquals(30_000, c.getConnectionTimeout(), "HikariCP's default");
+        String base = System.getenv("JAVA_APPS_PORT");
+        List<java.net.Socket> held = java.util.Collections.synchronizedList(new java.util.ArrayList<>());
+        try (HikariDataSource hikari = new HikariDataSource(c); ServerSocket silent = new ServerSocket(0)) {
+            Thread accepting = new Thread(() -> {
+                try {
+                    while (true) {
+                        held.add(silent.accept()); // and never a byte back
+                    }
+                } catch (java.io.IOException e) {
+                    // closed: the test is over
+                }
+            });
+            accepting.setDaemon(true);
+            accepting.start();
+            PGSimpleDataSource mute = new PGSimpleDataSource();
+            mute.setUrl("jdbc:postgresql://127.0.0.1:" + silent.getLocalPort() + "/postgres?user=postgres&connectTimeout=0");
+            for (javax.sql.DataSource ds : List.<javax.sql.DataSource>of(hikari, mute)) {
+                IdempotencyFilter filter = IdempotencyFilter.builder(ds)
+                        .route("POST", "/tx", RouteOptions.DEFAULTS)
+                        .route("POST", "/ext", RouteOptions.DEFAULTS.withMode(Mode.COMMITTED_FIRST))
+                        .build();
+                try (TestApp app = new TestApp(filter, ds, base == null ? 0 : Integer.parseInt(base) + 2)) {
+                    for (String path : new String[] {"/tx", "/ext"}) {
+                        long started = System.nanoTime();
+                        HttpResponse<byte[]> r = post(app.port, path);
+                        assertServiceUnavailable(r, ds.getClass().getSimpleName() + " " + path);
+                        assertWithinTheBound(started, ds.getClass().getSimpleName() + " " + path);
+                    }
+                } finally {
+                    filter.destroy();
+                }
+            }
+        } finally {
+            for (java.net.Socket socket : List.copyOf(held)) {
+                socket.close(); // the waiting connection attempts end
+            }
+        }
     }
 
     @Test

@@ -1,5 +1,6 @@
 package dev.pgidempotency.spring;
 
+import dev.pgidempotency.servlet.IdempotencyFilter;
 import java.time.Duration;
 import java.util.List;
 import org.springframework.boot.context.properties.ConfigurationProperties;
@@ -21,6 +22,8 @@ public class IdempotencyProperties {
     private List<String> replayHeaders = List.of("Location", "Content-Type");
     /** The filter's order among the servlet filters. */
     private int filterOrder = 0;
+    /** How long a request waits for a connection of the DataSource, whatever the pool's timeout; then 503. */
+    private Duration connectionTimeout = IdempotencyFilter.DEFAULT_CONNECTION_TIMEOUT;
 
     public boolean isEnabled() {
         return enabled;
@@ -76,5 +79,13 @@ public class IdempotencyProperties {
 
     public void setFilterOrder(int filterOrder) {
         this.filterOrder = filterOrder;
+    }
+
+    public Duration getConnectionTimeout() {
+        return connectionTimeout;
+    }
+
+    public void setConnectionTimeout(Duration connectionTimeout) {
+        this.connectionTimeout = connectionTimeout;
     }
 }

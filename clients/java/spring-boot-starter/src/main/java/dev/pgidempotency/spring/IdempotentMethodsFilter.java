@@ -82,6 +82,7 @@ final class IdempotentMethodsFilter implements Filter, Ordered, SmartInitializin
     IdempotencyFilter build() {
         IdempotencyFilter.Builder b = IdempotencyFilter.builder(dataSource)
                 .tenant(tenant)
+                .connectionTimeout(properties.getConnectionTimeout())
                 // Same transaction: Spring's DataSourceUtils (JdbcTemplate...) hands out the claim's connection.
                 .transactionBinding(connection -> {
                     TransactionSynchronizationManager.bindResource(dataSource, new ConnectionHolder(connection));

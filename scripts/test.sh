@@ -107,6 +107,8 @@ register_suites() {
         bench_smoke
     register citus           each full ext     'a coordinator and two workers, where Citus is installed; skipped with a message otherwise' \
         tests/citus/run.sh
+    register pgtle           each full -       'the portable edition through pg_tle, by a `pgtle_admin` member: a fresh install and an update from the previous release, where pg_tle is installed (PGTLE_PGBIN, a PostgreSQL without the native files); skipped with a message otherwise ([docs/portable.md](docs/portable.md#install-with-pg_tle-rds-aurora-supabase))' \
+        tests/pgtle/run.sh
     # Suites of the packaging, monitoring, portable-edition and client-package work.
     register meta            once full -       '`META.json` (PGXN) against `Cargo.toml`, the control file and the Debian changelog' \
         tests/package/meta.sh

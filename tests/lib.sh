@@ -183,6 +183,7 @@ artifacts-rust 20496 21496  3      tests/artifacts/rust.sh (the same)
 artifacts-go  20499  21499  3      tests/artifacts/go.sh (the same)
 artifacts-java 20502 21502  3      tests/artifacts/java.sh (the same)
 send-faults   20505  21505  12     tests/sending fault scenarios (sender PostgreSQL, receiver, proxy, ...)
+pgtle         20518  21518  1      tests/pgtle/run.sh (by hand: pg_tle is not installed in CI)
 "
 # Every port lies below Linux's ephemeral range (32768-60999), so no client socket elsewhere
 # on the machine can hold one. IDEM_TEST_SLOT=N (1-8) moves every port up by N * 1300 and

@@ -3,7 +3,9 @@ package idempotency
 // The sending side (docs/sending.md): a request to another service with an Idempotency-Key
 // made once per business operation and kept in your database. Prepare runs in your
 // transaction; a Sender delivers right after COMMIT (one attempt) or runs as a worker
-// (retries with backoff, jitter and the retry budget, all decided by the extension).
+// (retries with backoff, jitter and the retry budget, all decided by the extension). Each
+// attempt is bounded in total (connect, send, the whole answer) by the sender's Timeout, and
+// the worker outlives its database: on any database error it logs, waits and goes on.
 
 import (
 	"bytes"
@@ -12,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -185,13 +189,31 @@ type SenderOptions struct {
 	URLs    map[string]string
 	Headers map[string]map[string]string
 	// Send replaces the HTTP: one attempt, its Answer (Status 0 and Error for no answer).
-	// ctx ends after Timeout.
+	// ctx ends after Timeout (sooner if less of the lease is left): keep within it.
 	Send func(ctx context.Context, a Attempt) Answer
-	// Timeout bounds one attempt (default 10 s) and must be shorter than Lease (default 30 s),
-	// the time a sender holds a send before another may take it over.
+	// Timeout bounds one attempt in total (default 10 s): connecting, sending and reading the
+	// whole answer end by one deadline, however slowly the receiver answers. It must be below
+	// Lease (default 30 s), the time a sender holds a send before another may take it over:
+	// NewSender refuses anything else.
 	Timeout, Lease time.Duration
 	Concurrency    int           // sends attempted at once by RunOnce (default 4)
 	PollInterval   time.Duration // Run's longest wait without a NOTIFY (default 1 s)
+	// This sender's own values of the extension's settings, the database's when nil or 0:
+	// RetryBudget (idempotency.send_retry_budget, 0 to MaxRetryBudget), BackoffBase and
+	// BackoffCap (idempotency.send_backoff_base / _cap) are set with set_config(..., true) in
+	// the transaction of each idem_send_next and idem_send_result the sender runs (so they hold
+	// through PgBouncer in transaction mode, and no other transaction sees them); GiveUpAfter
+	// (idempotency.send_give_up_after) is given to idem_send by Sender.Prepare.
+	RetryBudget             *float64
+	BackoffBase, BackoffCap time.Duration
+	GiveUpAfter             time.Duration
+	// ReconnectBase and ReconnectCap bound Run's wait after a database error (defaults 100 ms
+	// and 5 s): anywhere from 0 to min(ReconnectCap, ReconnectBase * 2^(n - 1)) after the n-th
+	// error in a row.
+	ReconnectBase, ReconnectCap time.Duration
+	// Logger gets the worker's database errors (Warn, message LogDBError) and its
+	// reconnections (Info, LogDBReconnected). Default: slog.Default() when it logs.
+	Logger *slog.Logger
 	// OnAttempt is called after each attempt, OnFinished when an attempt's result finished
 	// the send (Delivered, or Unknown at that result). Both may be called from several
 	// goroutines at once. A send whose give_up_at passes while it waits for its retry is
@@ -200,16 +222,38 @@ type SenderOptions struct {
 	OnFinished func(Attempt, Result)
 }
 
+// The worker's log messages (SenderOptions.Logger). LogDBError (Warn) has the attributes
+// "code" (the SQLSTATE, or the error's class when the server sent none: ConnectError,
+// ConnectionLost, Timeout), "error" (the error) and "retry_in" (the wait before reconnecting);
+// LogDBReconnected (Info) comes when the database answers again.
+const (
+	LogDBError       = "idempotency sender: database error"
+	LogDBReconnected = "idempotency sender: reconnected to the database"
+)
+
 // Sender sends due requests: Deliver (one operation, right after COMMIT) and Run (a worker).
 // Its statements run on the pool; Run's LISTEN has a session of its own (not through
 // PgBouncer's transaction pooling).
 type Sender struct {
-	pool *pgxpool.Pool
-	o    SenderOptions
-	http *http.Client
+	pool     *pgxpool.Pool
+	o        SenderOptions
+	http     *http.Client
+	settings []any // set_config's arguments: name, value, ...
+
+	mu         sync.Mutex
+	unrecorded []unrecorded // answers a database error kept from being recorded
 }
 
-// NewSender checks the options and fills in their defaults.
+// unrecorded is an attempt's answer that the database went away before recording; leaseEnd is
+// at or before the end of the attempt's lease.
+type unrecorded struct {
+	attempt  Attempt
+	answer   Answer
+	leaseEnd time.Time
+}
+
+// NewSender checks the options and fills in their defaults. It refuses a Timeout not below
+// the Lease, and settings the extension would refuse.
 func NewSender(pool *pgxpool.Pool, o SenderOptions) (*Sender, error) {
 	if o.Send == nil && len(o.URLs) == 0 {
 		return nil, errors.New("idempotency: give URLs (a URL per target) or Send (a function)")
@@ -220,8 +264,24 @@ func NewSender(pool *pgxpool.Pool, o SenderOptions) (*Sender, error) {
 	if o.Lease == 0 {
 		o.Lease = 30 * time.Second
 	}
-	if o.Timeout >= o.Lease {
-		return nil, errors.New("idempotency: Timeout must be shorter than Lease")
+	if err := checkTimeout(o.Timeout, o.Lease); err != nil {
+		return nil, err
+	}
+	settings, err := settingValues(o.RetryBudget, o.BackoffBase, o.BackoffCap)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkOptional("GiveUpAfter", o.GiveUpAfter); err != nil {
+		return nil, err
+	}
+	if o.ReconnectBase < 0 || o.ReconnectCap < 0 {
+		return nil, errors.New("idempotency: ReconnectBase and ReconnectCap must not be negative")
+	}
+	if o.ReconnectBase == 0 {
+		o.ReconnectBase = 100 * time.Millisecond
+	}
+	if o.ReconnectCap == 0 {
+		o.ReconnectCap = 5 * time.Second
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
@@ -234,10 +294,49 @@ func NewSender(pool *pgxpool.Pool, o SenderOptions) (*Sender, error) {
 	s := &Sender{pool: pool, o: o, http: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}}
+	for _, v := range settings {
+		s.settings = append(s.settings, v.name, v.value)
+	}
 	if s.o.Send == nil {
 		s.o.Send = s.httpSend
 	}
 	return s, nil
+}
+
+// Prepare is the package's Prepare with this sender's GiveUpAfter when o gives none.
+func (s *Sender) Prepare(ctx context.Context, tx Querier, scope, operation, target string, request any,
+	o PrepareOptions) (Prepared, error) {
+	if o.GiveUpAfter == 0 {
+		o.GiveUpAfter = s.o.GiveUpAfter
+	}
+	return Prepare(ctx, tx, scope, operation, target, request, o)
+}
+
+// sendDB is the pool, or a transaction of it.
+type sendDB interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// call runs f, one call of the extension, with this sender's settings: in a transaction of its
+// own that sets them first when there are any.
+func (s *Sender) call(ctx context.Context, f func(db sendDB) error) error {
+	if len(s.settings) == 0 {
+		return f(s.pool)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, setConfigSQL(len(s.settings)/2), append([]any{execMode}, s.settings...)...); err != nil {
+			return err
+		}
+		return f(tx)
+	})
+}
+
+func (s *Sender) logger() *slog.Logger {
+	if s.o.Logger != nil {
+		return s.o.Logger
+	}
+	return slog.Default()
 }
 
 func (s *Sender) httpSend(ctx context.Context, a Attempt) Answer {
@@ -261,6 +360,8 @@ func (s *Sender) httpSend(ctx context.Context, a Attempt) Answer {
 	}
 	req.Header.Set("Idempotency-Key", KeyHeader(a.Key))
 	req.Header.Set("Content-Type", "application/json")
+	// ctx's deadline bounds the whole exchange: net/http ends the connection, and a read of
+	// the body, when it passes.
 	resp, err := s.http.Do(req)
 	if err == nil {
 		defer resp.Body.Close()
@@ -285,21 +386,51 @@ func (s *Sender) httpSend(ctx context.Context, a Attempt) Answer {
 }
 
 // attempt makes one attempt of a send this sender holds and records its result. Both run to
-// the end whatever becomes of ctx: a send left held waits for its lease to end.
-func (s *Sender) attempt(ctx context.Context, a Attempt) (Result, error) {
+// the end whatever becomes of ctx: a send left held waits for its lease to end. leaseEnd is at
+// or before the end of the send's lease: the attempt ends by then too.
+func (s *Sender) attempt(ctx context.Context, a Attempt, leaseEnd time.Time) (Result, error) {
 	ctx = context.WithoutCancel(ctx)
-	answer := s.send(ctx, a)
+	answer := s.answer(ctx, a, leaseEnd)
+	return s.record(ctx, a, answer)
+}
+
+// attemptKept is attempt for the worker: an answer the database fails to record is kept, and
+// recorded by Run once it has reconnected, while its lease holds.
+func (s *Sender) attemptKept(ctx context.Context, a Attempt, leaseEnd time.Time) error {
+	ctx = context.WithoutCancel(ctx)
+	answer := s.answer(ctx, a, leaseEnd)
+	_, err := s.record(ctx, a, answer)
+	if err != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		kept := s.unrecorded[:0]
+		for _, u := range s.unrecorded { // those past their lease would never be recorded
+			if time.Now().Before(u.leaseEnd) {
+				kept = append(kept, u)
+			}
+		}
+		s.unrecorded = append(kept, unrecorded{a, answer, leaseEnd})
+	}
+	return err
+}
+
+func (s *Sender) answer(ctx context.Context, a Attempt, leaseEnd time.Time) Answer {
+	answer := s.send(ctx, a, leaseEnd)
 	if answer.Headers == nil {
 		answer.Headers = map[string]string{}
 	}
 	if s.o.OnAttempt != nil {
 		s.o.OnAttempt(a, answer)
 	}
-	return s.record(ctx, a, answer)
+	return answer
 }
 
-func (s *Sender) send(ctx context.Context, a Attempt) (answer Answer) {
-	ctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
+func (s *Sender) send(ctx context.Context, a Attempt, leaseEnd time.Time) (answer Answer) {
+	deadline := time.Now().Add(s.o.Timeout)
+	if leaseEnd.Before(deadline) {
+		deadline = leaseEnd
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil { // the application's own Send failed: no answer
@@ -336,12 +467,18 @@ func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, 
 		attempts int
 		nextAt   time.Time
 	)
-	err := s.pool.QueryRow(ctx, resultSQL, execMode, a.Scope, a.Operation, a.Token, status, body, headers,
-		retryAfter, nullString(answer.Error)).Scan(&state, &attempts, &nextAt)
+	err := s.call(ctx, func(db sendDB) error {
+		return db.QueryRow(ctx, resultSQL, execMode, a.Scope, a.Operation, a.Token, status, body, headers,
+			retryAfter, nullString(answer.Error)).Scan(&state, &attempts, &nextAt)
+	})
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "IK002" {
 			return Lost{Scope: a.Scope, Operation: a.Operation}, nil
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "IK003" {
+			// Recorded already: the COMMIT's reply was lost with the connection.
+			return s.Status(ctx, a.Scope, a.Operation)
 		}
 		return nil, classify(err)
 	}
@@ -366,35 +503,43 @@ SELECT scope, operation, target, key, request::text, attempt, token::text, locke
 FROM idempotency.idem_send_next(target => $1::text, max_rows => $2::int, lease => $3::interval,
        scope => $4::text, operation => $5::text)`
 
-func (s *Sender) take(ctx context.Context, target string, maxRows int, scope, operation string) ([]Attempt, error) {
-	rows, err := s.pool.Query(ctx, nextSQL, execMode, nullString(target), maxRows, interval(s.o.Lease),
-		nullString(scope), nullString(operation))
-	if err != nil {
-		return nil, classify(err)
-	}
-	taken, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
-		var a Attempt
-		var request *string
-		err := row.Scan(&a.Scope, &a.Operation, &a.Target, &a.Key, &request, &a.Number, &a.Token, &a.LockedUntil,
-			&a.GiveUpAt)
-		if request != nil {
-			a.Request = json.RawMessage(*request)
+// take hands out due sends, and an instant at or before the end of their lease (it began at
+// the transaction's now(), after this instant; time.Time's monotonic reading measures it).
+func (s *Sender) take(ctx context.Context, target string, maxRows int, scope, operation string) ([]Attempt,
+	time.Time, error) {
+	leaseEnd := time.Now().Add(s.o.Lease)
+	var taken []Attempt
+	err := s.call(ctx, func(db sendDB) error {
+		rows, err := db.Query(ctx, nextSQL, execMode, nullString(target), maxRows, interval(s.o.Lease),
+			nullString(scope), nullString(operation))
+		if err != nil {
+			return err
 		}
-		return a, err
+		taken, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+			var a Attempt
+			var request *string
+			err := row.Scan(&a.Scope, &a.Operation, &a.Target, &a.Key, &request, &a.Number, &a.Token,
+				&a.LockedUntil, &a.GiveUpAt)
+			if request != nil {
+				a.Request = json.RawMessage(*request)
+			}
+			return a, err
+		})
+		return err
 	})
-	return taken, classify(err)
+	return taken, leaseEnd, classify(err)
 }
 
 // Deliver is the inline path, right after the COMMIT that prepared the send: one attempt if
 // it is due and no other sender holds it; otherwise (or after a retryable answer) where it is
 // now. The retries are the worker's.
 func (s *Sender) Deliver(ctx context.Context, scope, operation string) (Result, error) {
-	taken, err := s.take(ctx, "", 1, scope, operation)
+	taken, leaseEnd, err := s.take(ctx, "", 1, scope, operation)
 	if err != nil {
 		return nil, err
 	}
 	if len(taken) == 1 {
-		return s.attempt(ctx, taken[0])
+		return s.attempt(ctx, taken[0], leaseEnd)
 	}
 	return s.Status(ctx, scope, operation)
 }
@@ -436,16 +581,19 @@ func (s *Sender) Status(ctx context.Context, scope, operation string) (Result, e
 }
 
 // RunOnce is one round of the worker: it takes up to Concurrency due sends of target (""
-// any target), attempts them at once and records each answer. It returns how many it took.
+// any target), attempts them at once and records each answer. It returns how many it took,
+// and the database's errors once every attempt of the round has ended; the answers those
+// errors kept from being recorded are recorded by Run when it has reconnected, while their
+// lease holds.
 func (s *Sender) RunOnce(ctx context.Context, target string) (int, error) {
-	taken, err := s.take(ctx, target, s.o.Concurrency, "", "")
+	taken, leaseEnd, err := s.take(ctx, target, s.o.Concurrency, "", "")
 	if err != nil {
 		return 0, err
 	}
 	errs := make([]error, len(taken))
 	var wg sync.WaitGroup
 	for i, a := range taken {
-		wg.Go(func() { _, errs[i] = s.attempt(ctx, a) })
+		wg.Go(func() { errs[i] = s.attemptKept(ctx, a, leaseEnd) })
 	}
 	wg.Wait()
 	return len(taken), errors.Join(errs...)
@@ -462,37 +610,111 @@ func (s *Sender) Idle(ctx context.Context, target string) (bool, error) {
 
 // Run is the worker: rounds of RunOnce while there is due work; between them it waits for a
 // NOTIFY on idempotency_send (a send committed) or PollInterval, whichever first. It returns
-// nil when ctx is cancelled, after the attempts in flight are recorded, or, with untilIdle,
+// only when ctx is cancelled (after the attempts in flight are recorded) or, with untilIdle,
 // once nothing of target is left to send.
-func (s *Sender) Run(ctx context.Context, target string, untilIdle bool) error {
-	work := context.WithoutCancel(ctx) // a round in flight finishes after ctx ends
-	listener, err := pgx.ConnectConfig(work, s.pool.Config().ConnConfig)
-	if err != nil {
-		return classify(err)
-	}
-	defer listener.Close(work)
-	if _, err := listener.Exec(work, "LISTEN "+SendChannel); err != nil {
-		return classify(err)
-	}
-	for ctx.Err() == nil {
-		n, err := s.RunOnce(work, target)
-		if err != nil {
-			return err
+//
+// A database error (its backend terminated, the server restarting or down, a failover, a
+// deadlock, a serialization failure) does not end it: it is logged (LogDBError), the LISTEN
+// session is closed, and after a wait of exponential backoff with full jitter (ReconnectBase,
+// ReconnectCap) the worker connects again, logs LogDBReconnected, records the answers the
+// error kept from being recorded while their lease holds, and goes on.
+func (s *Sender) Run(ctx context.Context, target string, untilIdle bool) {
+	var listener *pgx.Conn
+	closeListener := func() {
+		if listener != nil { // a session that broke: its Close does not wait long for it
+			closing, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = listener.Close(closing)
+			listener = nil
 		}
-		if n > 0 {
+	}
+	defer closeListener()
+	for failures := 0; ctx.Err() == nil; {
+		idle, err := s.step(ctx, &listener, target, untilIdle, failures > 0)
+		if err == nil {
+			if idle {
+				return
+			}
+			failures = 0
 			continue
 		}
-		if untilIdle {
-			if idle, err := s.Idle(work, target); err != nil || idle {
-				return err
-			}
+		if ctx.Err() != nil { // an error of the stop itself
+			return
 		}
-		wait, cancel := context.WithTimeout(ctx, s.o.PollInterval)
-		_, err = listener.WaitForNotification(wait)
-		cancel()
-		if err != nil && wait.Err() == nil {
-			return classify(err)
+		failures++
+		delay := reconnectDelay(failures, s.o.ReconnectBase, s.o.ReconnectCap, rand.Float64())
+		s.logger().LogAttrs(ctx, slog.LevelWarn, LogDBError, slog.String("code", dbErrorCode(err)),
+			slog.Any("error", err), slog.Duration("retry_in", delay))
+		closeListener()
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
 		}
+	}
+}
+
+// step is one turn of Run: the LISTEN session made if there is none (and, after an error, the
+// answers it kept recorded), a round, and when the round found nothing the wait for a NOTIFY.
+// idle: untilIdle and nothing of target is left.
+func (s *Sender) step(ctx context.Context, listener **pgx.Conn, target string, untilIdle,
+	reconnecting bool) (idle bool, err error) {
+	work := context.WithoutCancel(ctx) // a round in flight finishes after ctx ends
+	if *listener == nil {
+		conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig)
+		if err != nil {
+			return false, err
+		}
+		*listener = conn
+		if _, err := conn.Exec(ctx, "LISTEN "+SendChannel); err != nil {
+			return false, err
+		}
+		if reconnecting {
+			s.logger().LogAttrs(ctx, slog.LevelInfo, LogDBReconnected)
+		}
+		if err := s.recordUnrecorded(work); err != nil {
+			return false, err
+		}
+	}
+	n, err := s.RunOnce(work, target)
+	if err != nil || n > 0 {
+		return false, err
+	}
+	if untilIdle {
+		if idle, err := s.Idle(ctx, target); err != nil || idle {
+			return idle, err
+		}
+	}
+	wait, cancel := context.WithTimeout(ctx, s.o.PollInterval)
+	defer cancel()
+	if _, err := (*listener).WaitForNotification(wait); err != nil && wait.Err() == nil {
+		return false, err
+	}
+	return false, nil
+}
+
+// recordUnrecorded records the answers a database error kept from being recorded, those whose
+// lease holds; the others are left for a sender to take again when their lease ends.
+func (s *Sender) recordUnrecorded(ctx context.Context) error {
+	s.mu.Lock()
+	kept := s.unrecorded
+	s.unrecorded = nil
+	s.mu.Unlock()
+	for i, u := range kept {
+		a := u.attempt
+		attrs := []slog.Attr{slog.String("scope", a.Scope), slog.String("operation", a.Operation),
+			slog.Int("attempt", a.Number)}
+		if !time.Now().Before(u.leaseEnd) {
+			s.logger().LogAttrs(ctx, slog.LevelInfo, "idempotency sender: an answer was not recorded before its "+
+				"lease ended: the send is left to be taken again", attrs...)
+			continue
+		}
+		if _, err := s.record(ctx, a, u.answer); err != nil {
+			s.mu.Lock()
+			s.unrecorded = append(kept[i:len(kept):len(kept)], s.unrecorded...)
+			s.mu.Unlock()
+			return err
+		}
+		s.logger().LogAttrs(ctx, slog.LevelInfo, "idempotency sender: recorded an answer after reconnecting", attrs...)
 	}
 	return nil
 }

@@ -211,20 +211,20 @@ func TestSenderLost(t *testing.T) {
 		Send:       func(context.Context, Attempt) Answer { return Answer{Status: 201} },
 		OnFinished: func(_ Attempt, res Result) { finished = append(finished, res) }})
 	prepared(t, scope, "op", target, nil)
-	first, err := s.take(testCtx, "", 1, scope, "op")
+	first, firstLease, err := s.take(testCtx, "", 1, scope, "op")
 	if err != nil || len(first) != 1 || first[0].Number != 1 {
 		t.Fatalf("take: %+v, %v", first, err)
 	}
 	time.Sleep(300 * time.Millisecond) // the lease lapses
-	second, err := s.take(testCtx, target, 1, "", "")
+	second, secondLease, err := s.take(testCtx, target, 1, "", "")
 	if err != nil || len(second) != 1 || second[0].Number != 2 || second[0].Token == first[0].Token {
 		t.Fatalf("take after the lease: %+v, %v", second, err)
 	}
-	res, err := s.attempt(testCtx, first[0])
+	res, err := s.attempt(testCtx, first[0], firstLease)
 	if res != (Lost{Scope: scope, Operation: "op"}) || err != nil {
 		t.Errorf("recorded with the first token: %#v, %v; want Lost", res, err)
 	}
-	res, err = s.attempt(testCtx, second[0])
+	res, err = s.attempt(testCtx, second[0], secondLease)
 	if d, ok := res.(Delivered); err != nil || !ok || d.Status != 201 {
 		t.Errorf("recorded with the second token: %#v, %v; want Delivered", res, err)
 	}
@@ -238,9 +238,7 @@ func TestSenderRun(t *testing.T) {
 	r := newReceiver(t, reply{status: 503}, reply{status: 201})
 	s := newTestSender(t, SenderOptions{URLs: map[string]string{target: r.URL}})
 	p := prepared(t, scope, "op", target, nil)
-	if err := s.Run(testCtx, target, true); err != nil {
-		t.Fatalf("run until idle: %v", err)
-	}
+	s.Run(testCtx, target, true)
 	keys, _ := r.seen()
 	if len(keys) != 2 || keys[0] != KeyHeader(p.Key) || keys[1] != keys[0] {
 		t.Errorf("requests: %q; want two with the key", keys)
@@ -266,8 +264,8 @@ func TestSenderRunWakesAndStops(t *testing.T) {
 	defer r.Close()
 	s := newTestSender(t, SenderOptions{URLs: map[string]string{target: r.URL}, PollInterval: time.Minute})
 	ctx, stop := context.WithCancel(testCtx)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, target, false) }()
+	done := make(chan struct{})
+	go func() { s.Run(ctx, target, false); close(done) }()
 	time.Sleep(500 * time.Millisecond) // the worker has found nothing and waits
 	prepared(t, scope, "op", target, nil)
 	select {
@@ -277,16 +275,13 @@ func TestSenderRunWakesAndStops(t *testing.T) {
 	}
 	stop()
 	select {
-	case err := <-done:
-		t.Fatalf("Run returned (%v) with an attempt in flight", err)
+	case <-done:
+		t.Fatal("Run returned with an attempt in flight")
 	case <-time.After(200 * time.Millisecond):
 	}
 	close(release)
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run: %v", err)
-		}
+	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the attempt in flight")
 	}

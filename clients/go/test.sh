@@ -5,6 +5,8 @@
 #   2. a throwaway PostgreSQL 15 cluster with the extension (tests/lib.sh), pgbouncer in
 #      transaction-pooling mode in front of it; a second cluster, on its unix socket only, that
 #      examples/orders/outage_test.go restarts, stops and starts again under the example app;
+#      a third (the same way) that sender_faults_test.go stops and starts under the sender's
+#      worker (go test runs the two packages at once: a cluster each);
 #   3. `go test -race`: the pure parts (key header, stored bodies, the problems against
 #      contract/contract.json), the client against the real extension, the middleware over
 #      real HTTP on the standard mux and on chi, sessions the server ends under the middleware,
@@ -49,6 +51,7 @@ step() { # step NAME COMMAND...: one check, passed when the command succeeds
 
 cluster_stop "$DIR/pg"
 cluster_stop "$DIR/outage"
+cluster_stop "$DIR/send-outage"
 pgbouncer_stop "$DIR"
 rm -rf "$DIR"
 mkdir -p "$DIR"
@@ -68,6 +71,7 @@ step "go build (the README's example app)" go build -o "$ORDERS_BIN" ./examples/
 
 cleanup() {
     pgbouncer_stop "$DIR"
+    cluster_stop "$DIR/send-outage"
     cluster_stop "$DIR/outage"
     cluster_stop "$DIR/pg"
 }
@@ -85,6 +89,14 @@ if ! cluster_start "$DIR/outage" "$PORT" "listen_addresses = ''" ||
 fi
 export GO_OUTAGE_URL="postgresql://postgres@/postgres?host=$DIR/outage/socket&port=$PORT"
 export GO_OUTAGE_PGCTL=$PGBIN/pg_ctl GO_OUTAGE_DATA=$DIR/outage/data
+if ! cluster_start "$DIR/send-outage" "$PORT" "listen_addresses = ''" ||
+    ! install_extension postgres -h "$DIR/send-outage/socket" -p "$PORT" -U postgres; then
+    fail "the third cluster (the sender's worker's, stopped and started by its test)"
+    finish go-client
+    exit 1
+fi
+export GO_SEND_OUTAGE_URL="postgresql://postgres@/postgres?host=$DIR/send-outage/socket&port=$PORT"
+export GO_SEND_OUTAGE_DATA=$DIR/send-outage/data
 
 # Runs go test -race -json with the given arguments and counts its tests that have no subtests
 # (a parent's verdict only sums its subtests').
@@ -135,7 +147,7 @@ DATABASE_URL="postgresql://postgres@127.0.0.1:$PORT/postgres" run_tests direct
 
 echo "== pgbouncer (pool_mode = transaction) on port $BOUNCER_PORT"
 if pgbouncer_start "$DIR" "$BOUNCER_PORT" "$PORT"; then
-    DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" run_tests pgbouncer -run 'TestClient|TestHTTP|TestDemo|TestRoundTrips'
+    DATABASE_URL="postgresql://postgres@127.0.0.1:$BOUNCER_PORT/postgres" run_tests pgbouncer -run 'TestClient|TestHTTP|TestDemo|TestRoundTrips|TestSenderSettings'
     admin() { psql -X -At -F ' ' -h 127.0.0.1 -p "$BOUNCER_PORT" -U postgres -d pgbouncer -c "$1"; }
     mode=$(admin "SHOW CONFIG" | awk '$1 == "pool_mode" { print $2 }')
     xacts=$(admin "SHOW STATS" | awk '$1 == "postgres" { print $2 }')

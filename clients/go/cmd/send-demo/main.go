@@ -4,16 +4,26 @@
 //	send-demo prepare COUNT PREFIX | work [--until-idle] [--concurrency N] | inline COUNT PREFIX
 //
 // Environment: DATABASE_URL, RECEIVER_URL, TARGET (receiver), SEND_LEASE_MS (30000),
-// SEND_TIMEOUT_MS (10000), RECEIVER_API_KEY (sent as X-Api-Key; send-demo).
+// SEND_TIMEOUT_MS (10000), RECEIVER_API_KEY (sent as X-Api-Key; send-demo), and the sender's
+// own settings when set: SEND_RETRY_BUDGET, SEND_BACKOFF_BASE_MS, SEND_BACKOFF_CAP_MS,
+// SEND_GIVE_UP_AFTER_MS.
+//
+// A sender the package refuses (SEND_TIMEOUT_MS >= SEND_LEASE_MS, a bad setting) prints
+// `refused MESSAGE` and exits 2. The worker prints `db-error CLASS_OR_SQLSTATE MESSAGE` for
+// each database error its loop meets and `db-reconnected` when it works again (from the
+// package's log records, idempotency.LogDBError and LogDBReconnected).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -58,18 +68,64 @@ func env(name, fallback string) string {
 	return fallback
 }
 
-func envMs(name string, fallback int) time.Duration {
-	ms, err := strconv.Atoi(os.Getenv(name))
-	if err != nil {
-		ms = fallback
+// settings reads the SEND_* environment into the sender's options: an unset one keeps its
+// default (the database's, for the extension's settings).
+func settings(o *idempotency.SenderOptions) error {
+	for name, into := range map[string]*time.Duration{"SEND_LEASE_MS": &o.Lease, "SEND_TIMEOUT_MS": &o.Timeout,
+		"SEND_BACKOFF_BASE_MS": &o.BackoffBase, "SEND_BACKOFF_CAP_MS": &o.BackoffCap,
+		"SEND_GIVE_UP_AFTER_MS": &o.GiveUpAfter} {
+		if v, ok := os.LookupEnv(name); ok {
+			ms, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || ms <= 0 {
+				return fmt.Errorf("%s must be a positive number of milliseconds (got %q)", name, v)
+			}
+			*into = time.Duration(ms) * time.Millisecond
+		}
 	}
-	return time.Duration(ms) * time.Millisecond
+	if v, ok := os.LookupEnv("SEND_RETRY_BUDGET"); ok {
+		budget, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return fmt.Errorf("SEND_RETRY_BUDGET must be a number (got %q)", v)
+		}
+		o.RetryBudget = &budget
+	}
+	return nil
 }
+
+// dbEvents prints the worker's log records of database errors and reconnections as the
+// protocol's lines, and nothing else.
+type dbEvents struct{}
+
+func (dbEvents) Enabled(context.Context, slog.Level) bool { return true }
+func (h dbEvents) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h dbEvents) WithGroup(string) slog.Handler          { return h }
+func (dbEvents) Handle(_ context.Context, r slog.Record) error {
+	switch r.Message {
+	case idempotency.LogDBError:
+		var code, message string
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "code":
+				code = a.Value.String()
+			case "error":
+				message, _, _ = strings.Cut(strings.TrimSpace(a.Value.String()), "\n")
+			}
+			return true
+		})
+		say("db-error %s %s", code, message)
+	case idempotency.LogDBReconnected:
+		say("db-reconnected")
+	}
+	return nil
+}
+
+// refused is a configuration the package (or this program) refuses: exit 2.
+type refused struct{ error }
 
 // prepareOrders writes the orders PREFIX-1..COUNT, each in one transaction with its send;
 // afterCommit runs after each COMMIT.
-func prepareOrders(ctx context.Context, pool *pgxpool.Pool, target string, count int, prefix string,
-	afterCommit func(operation string) error) error {
+func prepareOrders(ctx context.Context, pool *pgxpool.Pool, sender *idempotency.Sender, target string, count int,
+	prefix string, afterCommit func(operation string) error) error {
 	if _, err := pool.Exec(ctx, schema); err != nil {
 		return err
 	}
@@ -77,7 +133,7 @@ func prepareOrders(ctx context.Context, pool *pgxpool.Pool, target string, count
 		order := fmt.Sprintf("%s-%d", prefix, i)
 		operation := order + ":charge"
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			sent, err := idempotency.Prepare(ctx, tx, scope, operation, target,
+			sent, err := sender.Prepare(ctx, tx, scope, operation, target,
 				map[string]any{"amount": i, "currency": "eur"}, idempotency.PrepareOptions{})
 			if err != nil {
 				return err
@@ -110,26 +166,18 @@ func run(ctx context.Context, command string, args []string, count int) error {
 	}
 	defer pool.Close()
 	target := env("TARGET", "receiver")
-	if command == "prepare" {
-		if err := prepareOrders(ctx, pool, target, count, args[1], nil); err != nil {
-			return err
-		}
-		say("prepared %d", count)
-		return nil
-	}
 	flags := flag.NewFlagSet(command, flag.ExitOnError)
 	untilIdle := flags.Bool("until-idle", false, "exit once nothing of the target is pending or sending")
 	concurrency := flags.Int("concurrency", 4, "sends attempted at once")
 	if command == "work" {
 		_ = flags.Parse(args)
 	}
-	sender, err := idempotency.NewSender(pool, idempotency.SenderOptions{
+	o := idempotency.SenderOptions{
 		URLs:         map[string]string{target: os.Getenv("RECEIVER_URL")},
 		Headers:      map[string]map[string]string{target: {"X-Api-Key": env("RECEIVER_API_KEY", "send-demo")}},
-		Lease:        envMs("SEND_LEASE_MS", 30000),
-		Timeout:      envMs("SEND_TIMEOUT_MS", 10000),
 		Concurrency:  *concurrency,
 		PollInterval: 200 * time.Millisecond,
+		Logger:       slog.New(dbEvents{}),
 		OnAttempt: func(a idempotency.Attempt, answer idempotency.Answer) {
 			status := "none"
 			if answer.Status != 0 {
@@ -140,12 +188,23 @@ func run(ctx context.Context, command string, args []string, count int) error {
 		OnFinished: func(a idempotency.Attempt, r idempotency.Result) {
 			say("finished %s %s", a.Operation, describe(r))
 		},
-	})
-	if err != nil {
-		return err
 	}
-	if command == "inline" {
-		return prepareOrders(ctx, pool, target, count, args[1], func(operation string) error {
+	if err := settings(&o); err != nil {
+		return refused{err}
+	}
+	sender, err := idempotency.NewSender(pool, o)
+	if err != nil {
+		return refused{err}
+	}
+	switch command {
+	case "prepare":
+		if err := prepareOrders(ctx, pool, sender, target, count, args[1], nil); err != nil {
+			return err
+		}
+		say("prepared %d", count)
+		return nil
+	case "inline":
+		return prepareOrders(ctx, pool, sender, target, count, args[1], func(operation string) error {
 			r, err := sender.Deliver(ctx, scope, operation)
 			if err != nil {
 				return err
@@ -157,7 +216,8 @@ func run(ctx context.Context, command string, args []string, count int) error {
 	// SIGTERM: the attempts in flight are recorded, then Run returns.
 	stop, cancel := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer cancel()
-	return sender.Run(stop, target, *untilIdle)
+	sender.Run(stop, target, *untilIdle)
+	return nil
 }
 
 func main() {
@@ -172,7 +232,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
-	if err := run(context.Background(), args[0], args[1:], count); err != nil {
+	err := run(context.Background(), args[0], args[1:], count)
+	if r := (refused{}); errors.As(err, &r) {
+		say("refused %v", r.error)
+		os.Exit(2)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "send-demo:", err)
 		os.Exit(1)
 	}

@@ -281,8 +281,8 @@ def check_settings(c, contract, files):
                 shown = default and default.group(1)
             ok = shown == s["default"] and product(low) == s["min"] and product(high) == s["max"]
             unit = s.get("unit", "")
-            c.check(f"src/settings.rs: {s['name']} defaults to {s['default']}, {s['min']} to {s['max']} {unit}".rstrip(),
-                    ok, f"default {shown}, range {low} to {high}")
+            what = f"src/settings.rs: {s['name']} defaults to {s['default']}, {s['min']} to {s['max']} {unit}"
+            c.check(what.rstrip(), ok, f"default {shown}, range {low} to {high}")
         elif s["type"] == "real":
             static = re.search(rf'define_float_guc\(\s*c"{re.escape(s["name"])}",.*?&(\w+),', rs, re.DOTALL)
             default = static and re.search(

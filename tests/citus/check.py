@@ -467,12 +467,12 @@ def partitions(cl):
     replays = [c.execute("SELECT outcome FROM idempotency.idem_claim(%s, 'far')", (s,)).fetchone()[0] for s in scopes]
     check("the moved records replay (read on their workers)", replays == ["replay"] * len(scopes), f"{replays}")
     # Periods of a second that end soon: the existing ones go first (so that new ones start now).
-    for p in periods + [r[0] for r in c.execute(
-            "SELECT partition_name FROM idempotency.partitions WHERE kind = 'period'").fetchall() if r[0] not in periods]:
+    for (p,) in c.execute("SELECT partition_name FROM idempotency.partitions WHERE kind = 'period'").fetchall():
         c.execute(f"DROP TABLE {p}")
     c.execute("SET idempotency.partition_period = '1 s'")
     c.execute("SET idempotency.default_ttl = '1 s'")
-    made_short = c.execute("SELECT string_agg(partition_name, ' ') FROM idempotency.partitions_maintain()").fetchone()[0]
+    made_short = c.execute(
+        "SELECT string_agg(partition_name, ' ') FROM idempotency.partitions_maintain()").fetchone()[0]
     # (A delegated call does not see the coordinator session's default_ttl: the ttl is given.)
     for s in scopes:
         c.execute("SELECT idempotency.idem_complete(%s, 'short', token, 201) "
@@ -810,7 +810,8 @@ def main():
     # The sections before "partitions" check the sweep's DELETE of expired records: no
     # periods (a period's expired records wait for its drop, which "partitions" checks).
     db = cl.c.execute("SELECT current_database()").fetchone()[0]
-    cl.c.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idempotency.partition_period = 0").format(psycopg.sql.Identifier(db)))
+    cl.c.execute(psycopg.sql.SQL("ALTER DATABASE {} SET idempotency.partition_period = 0")
+                 .format(psycopg.sql.Identifier(db)))
     cl.c.close()
     cl.c = connect(cl.coord_info)
     for name, fn in sections:

@@ -50,7 +50,7 @@ echo "== scripts/build-artifacts.sh node $dir/dist"
 tarball=$(tail -1 "$dir/build.out")
 if [ -f "$tarball" ]; then ok "the tarball built: $(basename "$tarball")"; else give_up "build" "no tarball in $dir/dist"; fi
 check "the tarball holds the package, its README, types and example apps only" "" \
-    "$(tar -tzf "$tarball" | grep -vE '^package/(src/[a-z]+\.js|examples/[a-z-]+\.mjs|package\.json|README\.md|index\.d\.ts)$')"
+    "$(tar -tzf "$tarball" | grep -vE '^package/(src/[a-z-]+\.js|examples/[a-z-]+\.mjs|package\.json|README\.md|index\.d\.ts)$')"
 
 echo "== a fresh project: $dir/project, the README's install block"
 project=$dir/project

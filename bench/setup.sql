@@ -6,6 +6,9 @@
 SET client_min_messages = warning;
 
 CREATE EXTENSION IF NOT EXISTS idempotency;
+-- Since 0.6.0 the completed records go to time partitions, which idem_sweep makes (as the
+-- scheduled sweep does); before the first sweep they all go to the far partition.
+SELECT idempotency.idem_sweep();
 
 -- The raw SQL floor of the usual article: claimed with INSERT ... ON CONFLICT (key) DO NOTHING
 -- RETURNING id, completed with an UPDATE. No scope, no token, no lease, no fencing.

@@ -288,7 +288,7 @@ if [[ " $SCENARIOS " == *" seen_many "* ]]; then
         on_major "$m"
         echo "== idem_seen_many, PostgreSQL $m (bench/seen_many.sh)"
         many_args=(--seconds "$SECONDS_PER_RUN" --rounds "$ROUNDS")
-        [ "$SMOKE" = 1 ] && many_args=(--seconds 1 --rounds 1 --ndup 1000)
+        [ "$SMOKE" = 1 ] && many_args=(--transactions 5 --rounds 1 --ndup 1000)
         PGHOST=$CDIR/socket PGPORT=$PORT PGUSER=postgres OUT=$OUT/seen_many-pg$m \
             "$BENCH/seen_many.sh" "${many_args[@]}" >"$OUT/logs/seen_many-pg$m.out" 2>&1 || {
             echo "seen_many.sh failed:"; cat "$OUT/logs/seen_many-pg$m.out"; exit 1; }

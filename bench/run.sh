@@ -20,7 +20,8 @@
 #   limit  what the extension cannot beat: the bare prepared primary-key SELECT of the
 #          stored record from idempotency.keys (replay, in_progress, mismatch), the bare
 #          SELECT 1 from idempotency.messages (seen_dup), one bare INSERT of the same completed
-#          row into idempotency.keys (claim_complete); summary.md shows ext / limit
+#          row into idempotency.keys between BEGIN and COMMIT (claim_complete); summary.md
+#          shows ext / limit
 #   p1, p3 the scenario "partitions" only (issue 35): ext_deferred's script in a database of
 #          its own (bench_p1, bench_p3) with idempotency.partition_period = 8h and
 #          --partition-records live records, all in the period the new records go to (p1) or

@@ -144,10 +144,12 @@ def writes_section(results):
         out.append(f"| {pg} | {impl_name(impl, 'claim_complete')} | {w['wal_bytes']:,.0f} | {ratio} | {w['ins']:.3f} "
                    f"| {w['upd']:.3f} | {w['hot_upd']:.3f} | {w['del']:.3f} | {w['dead']:.3f} |")
     n = rows[0]["transactions"]
-    out += ["", f"One client, {n} transactions measured after a warm-up, no CHECKPOINT in between (issue 34's "
-            "method); WAL from pg_current_wal_insert_lsn, the rest from pg_stat_user_tables summed over the "
-            "database's tables (the extension's partitions, the floor's table), per request. n_dead_tup change: "
-            "dead row versions left (autovacuum, when it runs meanwhile, takes some away).", ""]
+    out += ["", f"One client, {n} transactions measured after a warm-up, with full_page_writes off meanwhile: "
+            "the WAL records themselves, as on pages already written since the last checkpoint (the main "
+            "table's WAL B/txn column includes the full-page images after each run's CHECKPOINT); WAL from "
+            "pg_current_wal_insert_lsn, the rest from pg_stat_user_tables summed over the database's tables "
+            "(the extension's partitions, the floor's table), per request. n_dead_tup change: dead row versions "
+            "left (autovacuum, when it runs meanwhile, takes some away).", ""]
     return out, by
 
 

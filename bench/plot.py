@@ -299,20 +299,25 @@ def plot_run(results):
     return made
 
 
-# simulate.sh's periods.tsv: one row per design and period.
-SIM_FIGURES = [("p99_ms", "claims' p99 per period", "ms"),
-               ("total_bytes", "table + index size at the end of each period", "bytes"),
-               ("dead_tuples", "dead tuples at the end of each period", "n_dead_tup"),
-               ("wal_bytes", "WAL per period", "bytes"),
-               ("expiry_ms", "the expiry's own statement time per period (sweeps)", "ms")]
+# simulate.sh's periods.tsv: one row per design and period. (column, title, unit, divisor)
+MB = 1048576
+SIM_FIGURES = [("p99_ms", "claims' p99 per period", "ms", 1),
+               ("total_bytes", "table + index size at the end of each period", "MB", MB),
+               ("dead_tuples", "dead tuples at the end of each period", "n_dead_tup", 1),
+               ("wal_bytes", "WAL per period", "MB", MB),
+               ("expiry_ms", "the expiry's own statement time per period (sweeps)", "ms", 1)]
 
 
 def plot_simulate(results):
     made, figures = [], os.path.join(results, "figures")
     rows = read_tsv(os.path.join(results, "periods.tsv"))
+    days = read_tsv(os.path.join(results, "days.tsv"))
     designs = list(dict.fromkeys(r["design"] for r in rows))
-    for col, title, unit in SIM_FIGURES:
-        lines = [(d, [(num(r["day"]), num(r[col])) for r in rows if r["design"] == d]) for d in designs]
+    for col, title, unit, divisor in SIM_FIGURES:
+        lines = [(d, [(num(r["day"]), num(r[col]) / divisor) for r in rows if r["design"] == d]) for d in designs]
+        if col == "total_bytes":  # and what the live records take on their own, at each day's end
+            lines += [(f"live ({d})", [(num(r["day"]), num(r["live_bytes"]) / MB)
+                                                        for r in days if r["design"] == d]) for d in designs]
         write(figures, f"simulate-{col.replace('_', '-')}.svg",
               line_chart(f"Simulation: {title}", lines, unit, "simulated days"), made)
     return made

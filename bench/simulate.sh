@@ -56,7 +56,7 @@ OUT=""
 KEEP=0
 BUILD=1
 SMOKE=0
-CONF=("shared_buffers = 1GB" "max_wal_size = 4GB" "autovacuum_naptime = 1s" "autovacuum_vacuum_cost_delay = 0")
+CONF=("shared_buffers = 1GB" "max_wal_size = 2GB" "autovacuum_naptime = 1s" "autovacuum_vacuum_cost_delay = 0")
 while [ $# -gt 0 ]; do
     case $1 in
         --old) OLD=$2; shift 2 ;;
@@ -115,6 +115,12 @@ else
 fi
 PORT=$(( $(port_of bench "$MAJOR") + 3 ))   # tests/lib.sh: bench ports
 CDIR=$(dir_of simulate "$MAJOR")
+# The records expiring at once take about 400 bytes each with their index, and as much again
+# in WAL and the table they are written past: refused up front rather than failing midway.
+need_kb=$(( (DROP_ROWS > DROP_DELETE_ROWS ? DROP_ROWS : DROP_DELETE_ROWS) * 800 / 1024 + 4 * 1024 * 1024 ))
+free_kb=$(df -Pk "$(dirname "$CDIR")" | awk 'NR == 2 { print $4 }')
+[ "$free_kb" -ge "$need_kb" ] || {
+    echo "simulate.sh: $((need_kb / 1048576 + 1)) GB free needed under $(dirname "$CDIR"), $((free_kb / 1048576)) GB there" >&2; exit 2; }
 OUT=${OUT:-$BENCH/results/simulate-$(date -u +%Y%m%dT%H%M%SZ)$(if [ "$SMOKE" = 1 ]; then echo -smoke; fi)}
 mkdir -p "$OUT"
 cleanup() { [ "$KEEP" = 1 ] || { cluster_stop "$CDIR"; rm -rf "$CDIR"; }; }

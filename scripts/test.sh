@@ -210,7 +210,7 @@ claim_retry() {
 bench_smoke() {
     local passed=0 failed=0 step t0
     for step in "/usr/bin/python3 -m unittest discover -s bench" "bench/run.sh --smoke --pg $PG_MAJOR" \
-        "bench/simulate.sh --smoke" "bench/send.sh --smoke" "bench/http.sh --smoke"; do
+        "bench/issues-34-35.sh --smoke --only run-fsync-on,simulate" "bench/send.sh --smoke" "bench/http.sh --smoke"; do
         t0=$SECONDS
         if $step; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL $step"; fi
         echo "bench-smoke: $step took $((SECONDS - t0)) s"

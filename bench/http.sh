@@ -24,7 +24,11 @@
 #   --conf LINE        an extra postgresql.conf line, e.g. --conf 'fsync = on' (repeatable; the
 #                      cluster is tests/lib.sh's, with fsync off)
 #   --smoke            what CI runs (bench-smoke): a second of each with 2 connections, one
-#                      round; checks the script and the apps, not the speed
+#                      round; checks the script and the apps, not the speed. The axum app is then
+#                      a debug build in target/clients, the folder where the lint, rust-client and
+#                      e2e-apps suites build the Rust client with the same dependencies, so that
+#                      only the app and the client crate are compiled (a release build of its
+#                      own takes minutes on two cores)
 #
 # Every run is checked: no non-2xx answer and no socket error, plain and fresh insert one row
 # per answered request (at most C more: requests in flight when wrk stops), a replay none.
@@ -40,6 +44,7 @@ ROUNDS=3
 POOL=16
 KEYS=64
 WARMUP=3
+SETTLE=0.5
 SMOKE=false
 OUT=""
 CONF=()
@@ -54,7 +59,7 @@ while [ $# -gt 0 ]; do
         --keys) KEYS=$2; shift 2 ;;
         --conf) CONF+=("$2"); shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        --smoke) SMOKE=true; DURATION=1; CONNECTIONS=2; THREADS=1; ROUNDS=1; POOL=2; KEYS=4; WARMUP=0; shift ;;
+        --smoke) SMOKE=true; DURATION=1; CONNECTIONS=2; THREADS=1; ROUNDS=1; POOL=2; KEYS=4; WARMUP=0; SETTLE=0.1; shift ;;
         *) echo "bench/http.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -75,6 +80,8 @@ command -v wrk >/dev/null || { echo "bench/http.sh: wrk is not installed (script
 # --- the apps: built or installed from the checkout's packages ------------------------------
 
 venv=$ROOT/clients/python/.venv
+AXUM_BIN=$BENCH/http/axum/target/release/bench-http-axum
+[ "$SMOKE" = true ] && AXUM_BIN=$ROOT/target/clients/debug/bench-http-axum
 build_app() { # build_app FRAMEWORK
     case $1 in
         fastapi) # the venv of bench/send.sh and the Python suite; the package itself is read from the checkout
@@ -86,7 +93,11 @@ build_app() { # build_app FRAMEWORK
         express) # --install-links: a copy of clients/node as it is now, with its own dependencies
             (cd "$BENCH/http/express" && npm ci --install-links --no-audit --no-fund --loglevel=error >/dev/null) ;;
         axum)
-            (cd "$BENCH/http/axum" && cargo build --release --quiet) ;;
+            if [ "$SMOKE" = true ]; then
+                CARGO_TARGET_DIR=$ROOT/target/clients cargo build --locked --quiet --manifest-path "$BENCH/http/axum/Cargo.toml"
+            else
+                (cd "$BENCH/http/axum" && cargo build --release --quiet)
+            fi ;;
         go)
             (cd "$BENCH/http/go" && go build -o target/bench-http-go .) ;;
     esac
@@ -105,7 +116,7 @@ start_app() {
                 node "$BENCH/http/express/app.mjs" >"$log" 2>&1 & ;;
         axum)
             MIDDLEWARE=$mw POOL_SIZE=$POOL DATABASE_URL=$url LISTEN_ADDR=127.0.0.1:$port \
-                "$BENCH/http/axum/target/release/bench-http-axum" >"$log" 2>&1 & ;;
+                "$AXUM_BIN" >"$log" 2>&1 & ;;
         go)
             MIDDLEWARE=$mw POOL_SIZE=$POOL DATABASE_URL=$url LISTEN_ADDR=127.0.0.1:$port \
                 "$BENCH/http/go/target/bench-http-go" >"$log" 2>&1 & ;;
@@ -219,7 +230,7 @@ for round in $(seq "$ROUNDS"); do
             scenario=${SCENARIOS[$(((j + round - 1) % 3))]}
             port=${PROTECTED_PORT[$fw]}
             [ "$scenario" = plain ] && port=${PLAIN_PORT[$fw]}
-            sleep 0.5 # the requests in flight when the last run stopped finish first
+            sleep "$SETTLE" # the requests in flight when the last run stopped finish first
             before=$(rows_of "$fw")
             app=${APP_PID[$fw-on]}
             [ "$scenario" = plain ] && app=${APP_PID[$fw-off]}

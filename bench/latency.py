@@ -8,8 +8,10 @@ and time_epoch.time_us is when it ended. With --log-prefix P, thread 0 writes P.
 thread n writes P.<pid>.<n>.
 
   latency.py summarize RESULTS_DIR
-      reads RESULTS_DIR/runs.tsv (written by bench/run.sh) and the logs it names; writes
-      RESULTS_DIR/summary.tsv and RESULTS_DIR/summary.md and prints the Markdown.
+      reads RESULTS_DIR/runs.tsv (written by bench/run.sh), the logs it names and writes.tsv
+      (run.sh's warm-page step); writes RESULTS_DIR/summary.tsv, percentiles.tsv (the latency
+      at fixed percentiles, for bench/plot.py) and summary.md (with issues 34's and 35's goals
+      where the run has their figures) and prints the Markdown.
   latency.py releases RESULTS_DIR
       reads RESULTS_DIR/runs.tsv written by bench/releases.sh (a release column, old or new,
       instead of impl); writes summary.tsv and summary.md (medians of the rounds, new/old).
@@ -86,13 +88,108 @@ def window(prefixes, t_from=None, t_to=None):
     }
 
 
-SCENARIOS = ["claim_complete", "replay", "in_progress", "mismatch", "seen_new", "seen_dup", "fp_1k", "fp_64k"]
-IMPLS = ["ext", "ext_spi", "peer", "floor", "portable", "limit"]
-IMPL_NAMES = {"ext": "extension", "ext_spi": "extension, SPI read path", "peer": "PL/pgSQL peer",
-              "floor": "raw SQL floor", "portable": "portable edition", "limit": "limit: bare PK SELECT"}
+SCENARIOS = ["claim_complete", "partitions", "replay", "in_progress", "mismatch", "seen_new", "seen_dup",
+             "fp_1k", "fp_64k"]
+IMPLS = ["ext", "ext_deferred", "ext_committed", "ext_spi", "peer", "floor", "portable", "limit", "p1", "p3"]
+IMPL_NAMES = {"ext": "extension", "ext_deferred": "extension, deferred", "ext_committed": "extension, committed first",
+              "ext_spi": "extension, SPI read path", "peer": "PL/pgSQL peer",
+              "floor": "raw SQL floor", "portable": "portable edition", "limit": "limit: bare PK SELECT",
+              "p1": "records in 1 period", "p3": "records in 3 periods"}
+# The limit's name where the scenario writes: one bare INSERT of the completed row.
+LIMIT_WRITE_NAME = "limit: one bare INSERT"
 # The implementations summary.md compares with the others (ratio columns on their rows).
-COMPARED = ["ext", "ext_spi"]
+COMPARED = ["ext", "ext_deferred", "ext_committed", "ext_spi"]
+# The latency percentiles percentiles.tsv holds (bench/plot.py draws them).
+PERCENTILES = [0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 100]
+# Issues 34 and 35: the goals a bench/run.sh summary can say met or not.
+GOAL_TPS_OVER_FLOOR = 1.0
+GOAL_TPS_OVER_LIMIT = 0.85
+GOAL_WAL_OVER_LIMIT = 1.15
+GOAL_P3_OVER_P1 = 0.9
 OTHERS = ["peer", "floor", "portable", "limit"]
+
+
+def impl_name(impl, scenario):
+    if impl == "limit" and scenario in ("claim_complete", "partitions"):
+        return LIMIT_WRITE_NAME
+    return IMPL_NAMES.get(impl, impl)
+
+
+def read_tsv(path):
+    """The rows of a tab-separated file with a header line, as dicts ([] when it is missing)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        return [dict(zip(header, line.rstrip("\n").split("\t"), strict=False)) for line in f if line.strip()]
+
+
+def writes_section(results):
+    """writes.tsv (run.sh's warm-page step): per implementation, WAL bytes and table writes per
+    request, and the WAL against the limit's one INSERT. Returns (Markdown lines, rows by (pg, impl))."""
+    rows = read_tsv(os.path.join(results, "writes.tsv"))
+    by = {}
+    for r in rows:
+        n = int(r["transactions"])
+        by[(r["pg"], r["impl"])] = {k: int(r[k]) / n for k in ("wal_bytes", "ins", "upd", "hot_upd", "del", "dead")}
+    if not by:
+        return [], by
+    out = ["#### Writes per request: claim_complete, warm pages\n",
+           "| PostgreSQL | implementation | WAL B/req | WAL / limit | inserts | updates | HOT updates | deletes "
+           "| n_dead_tup change |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (pg, impl), w in sorted(by.items(), key=lambda kv: (kv[0][0], IMPLS.index(kv[0][1]))):
+        lim = by.get((pg, "limit"))
+        ratio = f"**{w['wal_bytes'] / lim['wal_bytes']:.2f}x**" if lim and lim["wal_bytes"] else "—"
+        out.append(f"| {pg} | {impl_name(impl, 'claim_complete')} | {w['wal_bytes']:,.0f} | {ratio} | {w['ins']:.3f} "
+                   f"| {w['upd']:.3f} | {w['hot_upd']:.3f} | {w['del']:.3f} | {w['dead']:.3f} |")
+    n = rows[0]["transactions"]
+    out += ["", f"One client, {n} transactions measured after a warm-up, with full_page_writes off meanwhile: "
+            "the WAL records themselves, as on pages already written since the last checkpoint (the main "
+            "table's WAL B/txn column includes the full-page images after each run's CHECKPOINT); WAL from "
+            "pg_current_wal_insert_lsn, the rest from pg_stat_user_tables summed over the database's tables "
+            "(the extension's partitions, the floor's table), per request. n_dead_tup change: dead row versions "
+            "left (autovacuum, when it runs meanwhile, takes some away).", ""]
+    return out, by
+
+
+def goal(ok, text):
+    return f"- {'**met**' if ok else '**not met**'}: {text}"
+
+
+def goals_section(by, writes):
+    """Issues 34 and 35's goals that this run measured, each met or not."""
+    out = []
+    for pg, clients, scenario, impl in sorted(k for k in by if k[2] == "claim_complete" and k[3] == "ext_deferred"):
+        d = by[(pg, clients, scenario, impl)]
+        for other, want in (("floor", GOAL_TPS_OVER_FLOOR), ("limit", GOAL_TPS_OVER_LIMIT)):
+            o = by.get((pg, clients, scenario, other))
+            if o and o["tps"]:
+                r = d["tps"] / o["tps"]
+                out.append(goal(r >= want, f"{clients} clients{', PostgreSQL ' + pg if pg else ''}: claim + complete "
+                                f"(deferred) {r:.2f}x the {impl_name(other, scenario)}'s tps (goal >= {want}x)"))
+    for (pg, impl), w in sorted(writes.items()):
+        if impl != "ext_deferred":
+            continue
+        lim = writes.get((pg, "limit"))
+        if lim and lim["wal_bytes"]:
+            r = w["wal_bytes"] / lim["wal_bytes"]
+            out.append(goal(r <= GOAL_WAL_OVER_LIMIT,
+                            f"PostgreSQL {pg}: WAL per fresh request {w['wal_bytes']:,.0f} B, {r:.2f}x one INSERT "
+                            f"of the same row ({lim['wal_bytes']:,.0f} B; goal <= {GOAL_WAL_OVER_LIMIT}x)"))
+        out.append(goal(w["upd"] == 0 and w["dead"] <= 0 and w["del"] == 0,
+                        f"PostgreSQL {pg}: {w['upd']:.3f} updates, {w['del']:.3f} deletes and {w['dead']:.3f} dead "
+                        "tuples per same-transaction request (goal 0)"))
+    for pg, clients, scenario, impl in sorted(k for k in by if k[2] == "partitions" and k[3] == "p3"):
+        one = by.get((pg, clients, scenario, "p1"))
+        if one and one["tps"]:
+            r = by[(pg, clients, scenario, impl)]["tps"] / one["tps"]
+            out.append(goal(r >= GOAL_P3_OVER_P1,
+                            f"{clients} clients{', PostgreSQL ' + pg if pg else ''}: claim + complete with records "
+                            f"in 3 periods {r:.2f}x with all in one (goal >= {GOAL_P3_OVER_P1}x)"))
+    if out:
+        out = ["#### Goals (issues 34 and 35)\n"] + out + [""]
+    return out
 
 
 def fmt(x, digits=1):
@@ -138,10 +235,13 @@ def summarize(results):
         span = last - first if n else 0
         r["n"], r["failed"] = n, failed
         r["tps_log"] = n / span if span > 0 else 0.0
+        # runs.tsv of run.sh before 0.6.0 has no table counts.
+        for k in ("ins", "upd", "hot_upd", "del", "dead"):
+            r[k] = int(r.get(k) or 0)
         # runs.tsv of a run over several majors has a pg column; older ones do not.
         groups.setdefault((r.get("pg", ""), int(r["clients"]), r["scenario"], r["impl"]), []).append((r, lat))
 
-    rows = []
+    rows, percentiles = [], {}
     for (pg, clients, scenario, impl), items in sorted(
         groups.items(),
         key=lambda kv: (kv[0][0], kv[0][1], SCENARIOS.index(kv[0][2]) if kv[0][2] in SCENARIOS else 99,
@@ -161,7 +261,10 @@ def summarize(results):
             "p50_ms": pct(lat, 50) / 1000, "p99_ms": pct(lat, 99) / 1000,
             "xids_per_txn": xids / n if n else float("nan"),
             "wal_bytes_per_txn": wal / n if n else float("nan"),
+            **{f"{k}_per_txn": sum(r[k] for r, _ in items) / n if n else float("nan")
+               for k in ("ins", "upd", "hot_upd", "del", "dead")},
         })
+        percentiles[(pg, clients, scenario, impl)] = [pct(lat, p) / 1000 for p in PERCENTILES]
 
     by = {(r["pg"], r["clients"], r["scenario"], r["impl"]): r for r in rows}
     with open(os.path.join(results, "summary.tsv"), "w") as f:
@@ -177,6 +280,10 @@ def summarize(results):
                     ratios.append(f"{x['tps'] / o['tps']:.3f}" if x and o and o["tps"] else "nan")
             f.write("\t".join(str(round(r[c], 4) if isinstance(r[c], float) else r[c]) for c in cols)
                     + "\t" + "\t".join(ratios) + "\n")
+    with open(os.path.join(results, "percentiles.tsv"), "w") as f:
+        f.write("pg\tclients\tscenario\timpl\t" + "\t".join(f"p{p:g}_ms" for p in PERCENTILES) + "\n")
+        for (pg, clients, scenario, impl), values in percentiles.items():
+            f.write(f"{pg}\t{clients}\t{scenario}\t{impl}\t" + "\t".join(f"{v:.4f}" for v in values) + "\n")
 
     out = []
     for pg, clients in sorted({(r["pg"], r["clients"]) for r in rows}):
@@ -195,13 +302,16 @@ def summarize(results):
                     cells.append(f"**{r['tps'] / o['tps']:.2f}x**" if o and o["tps"] else "—")
             failed = f" ({r['failed']} failed)" if r["failed"] else ""
             out.append(
-                f"| {r['scenario']} | {IMPL_NAMES.get(r['impl'], r['impl'])}{failed} | {fmt(r['tps'], 0)} | "
+                f"| {r['scenario']} | {impl_name(r['impl'], r['scenario'])}{failed} | {fmt(r['tps'], 0)} | "
                 f"±{r['tps_spread_pct'] / 2:.0f}% | {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | "
                 f"{fmt(r['xids_per_txn'], 3)} | {fmt(r['wal_bytes_per_txn'], 0)} | "
                 f"{' | '.join(cells)} |"
             )
         out.append("")
     out.extend(across_majors(rows, by))
+    writes, writes_by = writes_section(results)
+    out.extend(writes)
+    out.extend(goals_section(by, writes_by))
     out.append("tps: transactions per second from the logs, mean of the rounds; spread: half the range "
                "of the rounds' tps, relative to the mean; p50 / p99: over every transaction of every "
                "round; xids/txn and WAL B/txn: transaction ids assigned and WAL written during the "

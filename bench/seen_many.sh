@@ -7,7 +7,10 @@
 # alternate within each round, so a busy machine's drift falls on all of them alike.
 # bench/run.sh runs it as its scenario "seen_many", on its own cluster.
 #
-#   bench/seen_many.sh [--seconds S] [--clients C] [--rounds R] [--batch N] [--ndup N] [--out DIR]
+#   bench/seen_many.sh [--seconds S | --transactions N] [--clients C] [--rounds R] [--batch N]
+#                      [--ndup N] [--out DIR]
+#   (--transactions N: each run N transactions per client instead of S seconds; bench/run.sh's
+#   smoke run uses it)
 #
 #   many    SELECT idempotency.idem_seen_many(scope, ARRAY[...N ids])  (one transaction)
 #   each    N x SELECT idempotency.idem_seen(scope, id), each its own transaction, as a
@@ -26,11 +29,13 @@ CLIENTS=2
 ROUNDS=3
 BATCH=100
 NDUP=100000
+TRANSACTIONS=""
 OUT=${OUT:-/tmp/idem-seen-many-bench}
 DB=idem_bench_seen_many
 while [ $# -gt 0 ]; do
     case $1 in
         --seconds) SECONDS_PER_RUN=$2; shift 2 ;;
+        --transactions) TRANSACTIONS=$2; shift 2 ;;
         --clients) CLIENTS=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --batch) BATCH=$2; shift 2 ;;
@@ -90,10 +95,12 @@ for case_ in new dup; do
 done
 
 printf 'case\timpl\tround\ttps\tmessages_per_s\n' >"$OUT/runs.tsv"
+length=(-T "$SECONDS_PER_RUN"); per_run="$SECONDS_PER_RUN s"
+[ -n "$TRANSACTIONS" ] && length=(-t "$TRANSACTIONS") && per_run="$TRANSACTIONS transactions per client"
 for ((round = 1; round <= ROUNDS; round++)); do
     for case_ in new dup; do
         for impl in $IMPLS; do
-            pgbench -n -M prepared -c "$CLIENTS" -j "$CLIENTS" -T "$SECONDS_PER_RUN" \
+            pgbench -n -M prepared -c "$CLIENTS" -j "$CLIENTS" "${length[@]}" \
                 -f "$OUT/scripts/$case_.$impl.sql" "$DB" >"$OUT/$case_.$impl.$round.txt" 2>&1
             tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$OUT/$case_.$impl.$round.txt" | head -1)
             printf '%s\t%s\t%s\t%s\t%s\n' "$case_" "$impl" "$round" "$tps" \
@@ -101,7 +108,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         done
     done
 done
-python3 - "$OUT/runs.tsv" "$BATCH" "$CLIENTS" "$SECONDS_PER_RUN" "$ROUNDS" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT/runs.tsv" "$BATCH" "$CLIENTS" "$per_run" "$ROUNDS" <<'PY' | tee "$OUT/summary.md"
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 med = {}
@@ -109,7 +116,7 @@ for c in ("new", "dup"):
     for i in ("many", "each", "single", "floor"):
         med[c, i] = statistics.median(float(r["messages_per_s"]) for r in rows if r["case"] == c and r["impl"] == i)
 n = sys.argv[2]
-print(f"batch {n}, {sys.argv[3]} clients, {sys.argv[4]} s per run, {sys.argv[5]} rounds (medians, messages/s)")
+print(f"batch {n}, {sys.argv[3]} clients, {sys.argv[4]} per run, {sys.argv[5]} rounds (medians, messages/s)")
 print()
 print(f"| ids | idem_seen_many | {n} x idem_seen, a transaction each | {n} x idem_seen in one transaction | floor |"
       f" many / each | many / one transaction | floor / one transaction | many / floor |")

@@ -24,6 +24,10 @@ pub enum Kind {
     /// Takes a transaction id before it runs (pgrx's `update`), so that the statements after
     /// it run with fresh snapshots too.
     Write,
+    /// Runs with a fresh snapshot, as a statement of a VOLATILE PL/pgSQL function does, and
+    /// takes a transaction id only if it writes or locks a row: for queues, whose polls mostly
+    /// find nothing.
+    Fresh,
 }
 
 pub struct Statement {
@@ -55,7 +59,7 @@ pub fn run<'conn>(
             let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
             let prepared = match stmt.kind {
                 Kind::Read => client.prepare(stmt.sql, &types),
-                Kind::Write => client.prepare_mut(stmt.sql, &types),
+                Kind::Write | Kind::Fresh => client.prepare_mut(stmt.sql, &types),
             }
             .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
             let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
@@ -64,7 +68,8 @@ pub fn run<'conn>(
         }
     };
     let result = match stmt.kind {
-        Kind::Read => client.select(plan, None, args),
+        // A statement prepared as mutating runs read-write (a fresh snapshot) either way.
+        Kind::Read | Kind::Fresh => client.select(plan, None, args),
         Kind::Write => client.update(plan, None, args),
     };
     let result = result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"));

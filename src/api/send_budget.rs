@@ -153,7 +153,8 @@ pub(super) fn allowance(client: &mut SpiClient<'_>, target: &str) -> i64 {
 static ALLOWANCE: Statement = Statement {
     sql: "SELECT idempotency.send_retry_allowance($1) AS allowed",
     args: &[TEXTOID],
-    kind: Kind::Fresh,
+    // Not Fresh: the PL/pgSQL function plans its own statements.
+    kind: Kind::Write,
     columns: &["allowed"],
 };
 

@@ -53,23 +53,22 @@ impl Forms {
 const LIVE: &str = "o.state OPERATOR(pg_catalog.=) ANY ('{pending,sending}'::pg_catalog.text[])";
 
 /// Due rows of target $1 past give_up_at become gave_up ($2: idempotency.default_ttl).
+/// Rows are changed by the ctid their pick locked (a TID scan), so that the plan kept for the
+/// statement never depends on how many rows the pick is estimated to find.
 static GIVE_UP: LazyLock<Forms> = LazyLock::new(|| {
     Forms::new(
         &format!(
-            "WITH picked AS ( \
-               SELECT o.scope, o.operation FROM idempotency.outbound AS o \
-                WHERE o.target OPERATOR(pg_catalog.=) $1 AND {LIVE} \
-                  AND o.give_up_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
-                  AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now(){{one}} \
-                ORDER BY o.next_attempt_at LIMIT {} FOR UPDATE SKIP LOCKED) \
-             UPDATE idempotency.outbound AS o \
+            "UPDATE idempotency.outbound AS o \
                 SET state = 'gave_up', token = NULL, locked_until = NULL, finished_at = pg_catalog.now(), \
                     expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, \
                     last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'sending' \
                                       THEN 'lease ended without a result' ELSE o.last_error END \
-               FROM picked \
-              WHERE o.scope OPERATOR(pg_catalog.=) picked.scope \
-                AND o.operation OPERATOR(pg_catalog.=) picked.operation",
+              WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY( \
+                    SELECT o.ctid FROM idempotency.outbound AS o \
+                     WHERE o.target OPERATOR(pg_catalog.=) $1 AND {LIVE} \
+                       AND o.give_up_at OPERATOR(pg_catalog.<=) pg_catalog.now() \
+                       AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now(){{one}} \
+                     ORDER BY o.next_attempt_at LIMIT {} FOR UPDATE SKIP LOCKED))",
             sending::MAX_GIVE_UPS
         ),
         &[TEXTOID, INTERVALOID],
@@ -83,13 +82,16 @@ const HANDED_COLUMNS: &[&str] =
 /// Hands out at most $2 due rows of target $1 that `which` selects, due-first (ties in the
 /// index's order), each `sending` under a lease of $3 with a fresh token and attempts + 1; a row
 /// found past give_up_at becomes gave_up instead ($4: idempotency.default_ttl) and is not
-/// returned.
+/// returned. The rows are changed by the ctid their pick locked, as GIVE_UP's. (A row that
+/// another transaction changed, committed after this statement began and that still qualifies
+/// is locked at its new version, which this statement's snapshot does not see: it is left
+/// for the next call, never handed out twice.)
 fn hand_out(which: &str) -> Forms {
     let gave_up = "o.give_up_at OPERATOR(pg_catalog.<=) pg_catalog.now()";
     Forms::new(
         &format!(
-            "WITH picked AS ( \
-               SELECT o.scope, o.operation, o.next_attempt_at AS due, o.ctid AS tid \
+            "WITH picked AS MATERIALIZED ( \
+               SELECT o.ctid AS tid, o.next_attempt_at AS due, o.scope, o.operation \
                  FROM idempotency.outbound AS o \
                 WHERE o.target OPERATOR(pg_catalog.=) $1 AND {which} \
                   AND o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now(){{one}} \
@@ -107,11 +109,13 @@ fn hand_out(which: &str) -> Forms {
                                         ELSE o.expires_at END, \
                       last_error = CASE WHEN o.state OPERATOR(pg_catalog.=) 'sending' \
                                         THEN 'lease ended without a result' ELSE o.last_error END \
-                 FROM picked \
-                WHERE o.scope OPERATOR(pg_catalog.=) picked.scope \
-                  AND o.operation OPERATOR(pg_catalog.=) picked.operation \
+                WHERE o.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.tid FROM picked AS p)) \
                RETURNING o.scope, o.operation, o.target, o.key, o.request, o.attempts, o.token, \
-                         o.locked_until, o.give_up_at, picked.due, picked.tid) \
+                         o.locked_until, o.give_up_at, \
+                         (SELECT p.due FROM picked AS p WHERE p.scope OPERATOR(pg_catalog.=) o.scope \
+                             AND p.operation OPERATOR(pg_catalog.=) o.operation) AS due, \
+                         (SELECT p.tid FROM picked AS p WHERE p.scope OPERATOR(pg_catalog.=) o.scope \
+                             AND p.operation OPERATOR(pg_catalog.=) o.operation) AS tid) \
              SELECT h.scope, h.operation, h.target, h.key, h.request, h.attempts AS attempt, h.token, \
                     h.locked_until, h.give_up_at \
                FROM handed AS h WHERE h.token IS NOT NULL ORDER BY h.due, h.tid"

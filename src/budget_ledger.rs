@@ -159,7 +159,10 @@ mod tests {
         l.count(1, slot("t", 0), firsts(2));
         l.count(1, slot("t", 0), finals(1));
         l.transaction_committed();
-        assert_eq!(all(&l), vec![(slot("t", 0), Counts { first_attempts: 3, final_answers: 1, ..Counts::default() })]);
+        assert_eq!(
+            all(&l),
+            vec![(slot("t", 0), Counts { first_attempts: 3, final_answers: 1, ..Counts::default() })]
+        );
         assert!(l.waiting_before(1));
         assert!(!l.waiting_before(0));
     }

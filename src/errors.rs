@@ -45,9 +45,9 @@ impl IdemError {
 
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            IdemError::NullArgument { .. } | IdemError::NullElement { .. } | IdemError::NullWhenGiven { .. } => {
-                "22004"
-            }
+            IdemError::NullArgument { .. }
+            | IdemError::NullElement { .. }
+            | IdemError::NullWhenGiven { .. } => "22004",
             IdemError::InvalidArgument { .. } => "22023",
             IdemError::TooLarge { .. } => "54000",
             IdemError::NoLiveRecord { .. } | IdemError::NoOutbound { .. } => "IK001",
@@ -256,15 +256,24 @@ mod tests {
         let s = || "shop".to_string();
         let o = || "order-1:charge".to_string();
         let e = IdemError::NoOutbound { scope: s(), operation: o() };
-        assert_eq!((e.sqlstate(), e.message().as_str()), ("IK001", "no outbound record for operation \"order-1:charge\" in scope \"shop\""));
+        assert_eq!(
+            (e.sqlstate(), e.message().as_str()),
+            ("IK001", "no outbound record for operation \"order-1:charge\" in scope \"shop\"")
+        );
         let e = IdemError::SendNotHeld { scope: s(), operation: o() };
         assert_eq!(e.sqlstate(), "IK002");
         assert_eq!(e.message(), "the token no longer holds operation \"order-1:charge\" in scope \"shop\"");
         assert!(e.hint().is_some_and(|h| h.starts_with("Its lease ended")));
         let e = IdemError::SendAlreadyDone { scope: s(), operation: o() };
         assert_eq!(e.sqlstate(), "IK003");
-        assert_eq!(e.message(), "operation \"order-1:charge\" in scope \"shop\" is already done with this token");
+        assert_eq!(
+            e.message(),
+            "operation \"order-1:charge\" in scope \"shop\" is already done with this token"
+        );
         let e = IdemError::NullWhenGiven { arg: "scope", other: "operation" };
-        assert_eq!((e.sqlstate(), e.message().as_str()), ("22004", "argument \"scope\" must not be null when \"operation\" is given"));
+        assert_eq!(
+            (e.sqlstate(), e.message().as_str()),
+            ("22004", "argument \"scope\" must not be null when \"operation\" is given")
+        );
     }
 }

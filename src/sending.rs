@@ -46,7 +46,12 @@ pub fn lease(months: i32, days: i32, micros: i64, shown: impl FnOnce() -> String
 }
 
 /// idem_send_result's `retry_after`, when given: 0 to 10000 years.
-pub fn retry_after(months: i32, days: i32, micros: i64, shown: impl FnOnce() -> String) -> Result<(), IdemError> {
+pub fn retry_after(
+    months: i32,
+    days: i32,
+    micros: i64,
+    shown: impl FnOnce() -> String,
+) -> Result<(), IdemError> {
     let total = total_micros(months, days, micros);
     if !(0..=MAX_TOTAL).contains(&total) {
         return Err(IdemError::invalid(
@@ -60,10 +65,9 @@ pub fn retry_after(months: i32, days: i32, micros: i64, shown: impl FnOnce() -> 
 /// idem_send_result's `http_status`: NULL (no answer) or 100 to 599.
 pub fn http_status(value: Option<i32>) -> Result<Option<i32>, IdemError> {
     match value {
-        Some(status) if !(100..=599).contains(&status) => Err(IdemError::invalid(
-            "http_status",
-            format!("must be between 100 and 599 (got {status})"),
-        )),
+        Some(status) if !(100..=599).contains(&status) => {
+            Err(IdemError::invalid("http_status", format!("must be between 100 and 599 (got {status})")))
+        }
         _ => Ok(value),
     }
 }
@@ -77,7 +81,9 @@ pub fn one_send<'a>(
         (None, None) => Ok(None),
         (None, Some(_)) => Err(IdemError::NullWhenGiven { arg: "scope", other: "operation" }),
         (Some(_), None) => Err(IdemError::NullWhenGiven { arg: "operation", other: "scope" }),
-        (Some(s), Some(o)) => Ok(Some((validate::key_text("scope", Some(s))?, validate::key_text("operation", Some(o))?))),
+        (Some(s), Some(o)) => {
+            Ok(Some((validate::key_text("scope", Some(s))?, validate::key_text("operation", Some(o))?)))
+        }
     }
 }
 

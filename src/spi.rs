@@ -99,7 +99,8 @@ impl GenericPlan {
         // SAFETY: a GUC variable of the backend's only thread, restored by Drop.
         unsafe {
             let was = pg_sys::plan_cache_mode;
-            pg_sys::plan_cache_mode = pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
+            pg_sys::plan_cache_mode =
+                pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
             GenericPlan(was)
         }
     }

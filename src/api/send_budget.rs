@@ -39,7 +39,8 @@ pub(super) fn count(target: &str, counts: Counts) {
             pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
         }
     }
-    LEDGER.with(|l| l.borrow_mut().count(current_subtransaction(), (target.to_string(), bucket_now()), counts));
+    LEDGER
+        .with(|l| l.borrow_mut().count(current_subtransaction(), (target.to_string(), bucket_now()), counts));
 }
 
 /// Writes the counts of committed transactions that wait in buckets already over: in a
@@ -121,7 +122,9 @@ fn write(client: &mut SpiClient<'_>, due: Vec<(Slot, Counts)>) {
     let targets: Vec<&str> = due.iter().map(|((t, _), _)| t.as_str()).collect();
     let buckets: Vec<TimestampWithTimeZone> = due
         .iter()
-        .map(|((_, b), _)| TimestampWithTimeZone::try_from(*b).expect("a bucket of now() is a valid timestamp"))
+        .map(|((_, b), _)| {
+            TimestampWithTimeZone::try_from(*b).expect("a bucket of now() is a valid timestamp")
+        })
         .collect();
     let column = |f: fn(&Counts) -> i64| due.iter().map(|(_, c)| f(c)).collect::<Vec<i64>>();
     spi::run(

@@ -167,7 +167,8 @@ static TARGET_OF: Statement = Statement {
 /// The targets with sends not finished, one at a time in order (skipping through the index on
 /// give_up_at, whose predicate is LIVE): the first, and the next after $1.
 static FIRST_TARGET: LazyLock<Statement> = LazyLock::new(|| Statement {
-    sql: format!("SELECT o.target FROM idempotency.outbound AS o WHERE {LIVE} ORDER BY o.target LIMIT 1").leak(),
+    sql: format!("SELECT o.target FROM idempotency.outbound AS o WHERE {LIVE} ORDER BY o.target LIMIT 1")
+        .leak(),
     args: &[],
     kind: Kind::Fresh,
     columns: &["target"],
@@ -302,7 +303,13 @@ fn next_target(client: &mut SpiClient<'_>, after: &str) -> Option<String> {
 
 /// One target's turn: gives up what is past give_up_at, hands out first attempts, then
 /// retries within the budget. Returns how many it handed out (at most `left`).
-fn take_from(client: &mut SpiClient<'_>, ask: &Ask<'_>, target: &str, left: i64, out: &mut Vec<Handed>) -> i64 {
+fn take_from(
+    client: &mut SpiClient<'_>,
+    ask: &Ask<'_>,
+    target: &str,
+    left: i64,
+    out: &mut Vec<Handed>,
+) -> i64 {
     let one = |forms: &'static LazyLock<Forms>| {
         let forms = LazyLock::force(forms);
         if ask.one.is_some() {

@@ -50,7 +50,8 @@ static RETRYABLE: LazyLock<Statement> = LazyLock::new(|| {
     let delay = "GREATEST(COALESCE($6, '0'::pg_catalog.interval), \
                  j.r OPERATOR(pg_catalog.*) LEAST($8, $7 OPERATOR(pg_catalog.*) \
                  pg_catalog.power(2, LEAST(o.attempts OPERATOR(pg_catalog.-) 1, 60))))";
-    let gave_up = format!("(pg_catalog.now() OPERATOR(pg_catalog.+) {delay}) OPERATOR(pg_catalog.>=) o.give_up_at");
+    let gave_up =
+        format!("(pg_catalog.now() OPERATOR(pg_catalog.+) {delay}) OPERATOR(pg_catalog.>=) o.give_up_at");
     Statement {
         sql: format!(
             "UPDATE idempotency.outbound AS o \
@@ -66,7 +67,17 @@ static RETRYABLE: LazyLock<Statement> = LazyLock::new(|| {
              RETURNING o.state, o.attempts, o.next_attempt_at, o.target"
         )
         .leak(),
-        args: &[TEXTOID, TEXTOID, UUIDOID, INT4OID, TEXTOID, INTERVALOID, INTERVALOID, INTERVALOID, INTERVALOID],
+        args: &[
+            TEXTOID,
+            TEXTOID,
+            UUIDOID,
+            INT4OID,
+            TEXTOID,
+            INTERVALOID,
+            INTERVALOID,
+            INTERVALOID,
+            INTERVALOID,
+        ],
         kind: Kind::Fresh,
         columns: RESULT_COLUMNS,
     }
@@ -124,7 +135,10 @@ fn send_result(
     if let Some(headers) = &answer.response_headers {
         let kind = headers.type_name();
         if kind != "object" {
-            return Err(IdemError::invalid("response_headers", format!("must be a JSON object (got {kind})")));
+            return Err(IdemError::invalid(
+                "response_headers",
+                format!("must be a JSON object (got {kind})"),
+            ));
         }
     }
     if let Some(r) = answer.retry_after {

@@ -446,14 +446,14 @@ class Sender:
         opposite orders). When the extension refuses one of them (IK002: its lease was lost;
         IK003: recorded already) the statement records none, and each is recorded on its own."""
         done = sorted(done, key=lambda d: (d[0].scope, d[0].operation))
-        columns = list(zip(*(self._result_args(a, answer) for a, answer in done)))
+        columns = list(zip(*(self._result_args(a, answer) for a, answer in done), strict=True))
         try:
             rows = self._call(_RESULTS, tuple(list(c) for c in columns))
         except psycopg.Error as e:
             if e.sqlstate not in ("IK002", "IK003"):
                 raise
             return [self._record(a, answer) for a, answer in done]
-        return [self._recorded(a, answer, row) for (a, answer), row in zip(done, rows)]
+        return [self._recorded(a, answer, row) for (a, answer), row in zip(done, rows, strict=True)]
 
     def _take(self, target: str | None, max_rows: int, scope: str | None = None,
               operation: str | None = None) -> tuple[list[Attempt], float]:
@@ -514,7 +514,7 @@ class Sender:
                 self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="idempotency-sender")
             futures = [self._pool.submit(self._answer, a) for a in taken]
             wait(futures)
-            done = [(a, f.result()) for a, f in zip(taken, futures)]
+            done = [(a, f.result()) for a, f in zip(taken, futures, strict=True)]
             try:
                 self._record_round(done)
             except psycopg.Error:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sending side against the outbox teams write by hand (issue 23's figures; bench/send.py
 # says what each implementation does). One throwaway cluster (tests/lib.sh's "send-bench" row:
-# PostgreSQL on +0, the receiver on +1), two databases (the second without the budget's
-# counting), the Python package's venv (made as tests/sending/run.sh makes it; the package
+# PostgreSQL on +0, the receiver on +1), two databases (the native extension; the portable
+# edition), the Python package's venv (made as tests/sending/run.sh makes it; the package
 # itself is read from the checkout).
 #
 #   bench/send.sh [--sends N] [--senders "1 16"] [--rounds R] [--latency-sends N] [--rate R]
@@ -46,12 +46,11 @@ fi
 
 trap 'cluster_stop "$CDIR"; rm -rf "$CDIR"' EXIT
 cluster_fresh "$CDIR" "$PORT" "$LISTEN_TCP"
-for db in "$DB" "${DB}_nobudget"; do
-    fresh_database "$db" -h "$CDIR/socket" -p "$PORT" -U postgres
-done
+fresh_database "$DB" -h "$CDIR/socket" -p "$PORT" -U postgres
+IDEM_EDITION=portable fresh_database "${DB}_portable" -h "$CDIR/socket" -p "$PORT" -U postgres
 machine_info | tee "$OUT/machine.txt"
 url() { echo "postgresql://postgres@127.0.0.1:$PORT/$1"; }
 # The checkout's package first (the venv gives its dependencies).
-PYTHONPATH=$ROOT/clients/python/src "$venv/bin/python" "$BENCH/send.py" --dsn "$(url "$DB")" --dsn-nobudget "$(url "${DB}_nobudget")" \
+PYTHONPATH=$ROOT/clients/python/src "$venv/bin/python" "$BENCH/send.py" --dsn "$(url "$DB")" --dsn-portable "$(url "${DB}_portable")" \
     --port $((PORT + 1)) --out "$OUT" "${ARGS[@]}"
 echo "results: $OUT"

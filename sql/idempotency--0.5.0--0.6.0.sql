@@ -913,6 +913,56 @@ BEGIN
 END
 $$;
 
+-- Issue 34: idem_send_next and idem_send_result run in the native library (src/api/send_next.rs,
+-- send_result.rs): the same arguments, result columns, answers and errors. The library counts
+-- the retry budget's first attempts and final answers in memory and writes them once a bucket
+-- (docs/sending.md, "The retry budget"). The PL/pgSQL they ran on (send_take, send_hand_out,
+-- send_finish, send_count) stays in the portable edition only. CREATE OR REPLACE keeps the two
+-- functions' grants.
+CREATE OR REPLACE FUNCTION idempotency."idem_send_next"(
+	"target" TEXT DEFAULT NULL,
+	"max_rows" INT DEFAULT 1,
+	"lease" interval DEFAULT NULL,
+	"scope" TEXT DEFAULT NULL,
+	"operation" TEXT DEFAULT NULL
+) RETURNS TABLE (
+	"scope" TEXT,
+	"operation" TEXT,
+	"target" TEXT,
+	"key" TEXT,
+	"request" jsonb,
+	"attempt" INT,
+	"token" uuid,
+	"locked_until" timestamp with time zone,
+	"give_up_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'idem_send_next_wrapper';
+
+CREATE OR REPLACE FUNCTION idempotency."idem_send_result"(
+	"scope" TEXT,
+	"operation" TEXT,
+	"token" uuid,
+	"http_status" INT DEFAULT NULL,
+	"response_body" TEXT DEFAULT NULL,
+	"response_headers" jsonb DEFAULT NULL,
+	"retry_after" interval DEFAULT NULL,
+	"error" TEXT DEFAULT NULL
+) RETURNS TABLE (
+	"state" TEXT,
+	"attempts" INT,
+	"next_attempt_at" timestamp with time zone
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'idem_send_result_wrapper';
+
+DROP FUNCTION idempotency.send_take(text, integer, interval, text, text);
+DROP FUNCTION idempotency.send_finish(text, text, uuid, integer, text, jsonb, interval, text);
+DROP FUNCTION idempotency.send_hand_out(idempotency.outbound, interval);
+DROP FUNCTION idempotency.send_count(text, bigint, bigint, bigint, bigint);
+
 -- >>> stats view
 CREATE OR REPLACE VIEW idempotency.stats AS
 SELECT

@@ -11,6 +11,8 @@ pub enum IdemError {
     NullArgument { arg: &'static str },
     /// 22004: a NULL element of an array argument (position counted from 1).
     NullElement { arg: &'static str, position: usize },
+    /// 22004: one of two arguments that go together is NULL while the other is given.
+    NullWhenGiven { arg: &'static str, other: &'static str },
     /// 22023: a value that is not acceptable for the argument.
     InvalidArgument { arg: &'static str, problem: String },
     /// 54000: a stored response or checkpoint larger than idempotency.max_response_size.
@@ -23,6 +25,12 @@ pub enum IdemError {
     AlreadyCompleted { scope: String, key: String },
     /// 25006: a write function was called on a hot standby.
     ReadOnlyServer { function: &'static str },
+    /// IK001: idem_send_result found no outbound record for (scope, operation).
+    NoOutbound { scope: String, operation: String },
+    /// IK002: the send's lease was lost: another sender took it, or its result was recorded.
+    SendNotHeld { scope: String, operation: String },
+    /// IK003: the send is already done with this token.
+    SendAlreadyDone { scope: String, operation: String },
     /// 40001: the claim kept losing races with concurrent changes of the same key.
     ClaimContended { scope: String, key: String },
     /// 40001: under REPEATABLE READ or SERIALIZABLE, the key's record changed (or, `deleted`,
@@ -37,12 +45,14 @@ impl IdemError {
 
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            IdemError::NullArgument { .. } | IdemError::NullElement { .. } => "22004",
+            IdemError::NullArgument { .. }
+            | IdemError::NullElement { .. }
+            | IdemError::NullWhenGiven { .. } => "22004",
             IdemError::InvalidArgument { .. } => "22023",
             IdemError::TooLarge { .. } => "54000",
-            IdemError::NoLiveRecord { .. } => "IK001",
-            IdemError::NotOwner { .. } => "IK002",
-            IdemError::AlreadyCompleted { .. } => "IK003",
+            IdemError::NoLiveRecord { .. } | IdemError::NoOutbound { .. } => "IK001",
+            IdemError::NotOwner { .. } | IdemError::SendNotHeld { .. } => "IK002",
+            IdemError::AlreadyCompleted { .. } | IdemError::SendAlreadyDone { .. } => "IK003",
             IdemError::ReadOnlyServer { .. } => "25006",
             IdemError::ClaimContended { .. } | IdemError::ConcurrentChange { .. } => "40001",
         }
@@ -53,6 +63,9 @@ impl IdemError {
             IdemError::NullArgument { arg } => format!("argument \"{arg}\" must not be null"),
             IdemError::NullElement { arg, position } => {
                 format!("argument \"{arg}\" must not contain nulls (element {position} is null)")
+            }
+            IdemError::NullWhenGiven { arg, other } => {
+                format!("argument \"{arg}\" must not be null when \"{other}\" is given")
             }
             IdemError::InvalidArgument { arg, problem } => {
                 format!("invalid argument \"{arg}\": {problem}")
@@ -71,6 +84,16 @@ impl IdemError {
             }
             IdemError::ReadOnlyServer { function } => {
                 format!("{function} cannot run on a read-only server")
+            }
+            // The sending side's words are sql/send.sql's (the portable edition's), to the letter.
+            IdemError::NoOutbound { scope, operation } => {
+                format!("no outbound record for operation \"{operation}\" in scope \"{scope}\"")
+            }
+            IdemError::SendNotHeld { scope, operation } => {
+                format!("the token no longer holds operation \"{operation}\" in scope \"{scope}\"")
+            }
+            IdemError::SendAlreadyDone { scope, operation } => {
+                format!("operation \"{operation}\" in scope \"{scope}\" is already done with this token")
             }
             IdemError::ClaimContended { scope, key } => {
                 format!("could not claim scope {scope:?}, key {key:?}: it kept changing concurrently")
@@ -112,6 +135,9 @@ impl IdemError {
             }
             IdemError::ClaimContended { .. } | IdemError::ConcurrentChange { .. } => {
                 Some("Retry the transaction.".into())
+            }
+            IdemError::SendNotHeld { .. } => {
+                Some("Its lease ended and another sender took it, or its result was recorded.".into())
             }
             _ => None,
         }
@@ -223,5 +249,31 @@ mod tests {
             IdemError::AlreadyCompleted { scope: s(), key: k() }.sqlstate(),
         ];
         assert_eq!(codes, ["IK001", "IK002", "IK003"]);
+    }
+
+    #[test]
+    fn sending_errors_say_what_sql_send_says() {
+        let s = || "shop".to_string();
+        let o = || "order-1:charge".to_string();
+        let e = IdemError::NoOutbound { scope: s(), operation: o() };
+        assert_eq!(
+            (e.sqlstate(), e.message().as_str()),
+            ("IK001", "no outbound record for operation \"order-1:charge\" in scope \"shop\"")
+        );
+        let e = IdemError::SendNotHeld { scope: s(), operation: o() };
+        assert_eq!(e.sqlstate(), "IK002");
+        assert_eq!(e.message(), "the token no longer holds operation \"order-1:charge\" in scope \"shop\"");
+        assert!(e.hint().is_some_and(|h| h.starts_with("Its lease ended")));
+        let e = IdemError::SendAlreadyDone { scope: s(), operation: o() };
+        assert_eq!(e.sqlstate(), "IK003");
+        assert_eq!(
+            e.message(),
+            "operation \"order-1:charge\" in scope \"shop\" is already done with this token"
+        );
+        let e = IdemError::NullWhenGiven { arg: "scope", other: "operation" };
+        assert_eq!(
+            (e.sqlstate(), e.message().as_str()),
+            ("22004", "argument \"scope\" must not be null when \"operation\" is given")
+        );
     }
 }

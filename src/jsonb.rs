@@ -36,6 +36,13 @@ impl Jsonb {
         }
     }
 
+    /// jsonb_typeof's answer: "object", "array", "string", "number", "boolean" or "null".
+    pub fn type_name(&self) -> String {
+        // SAFETY: jsonb_typeof takes a jsonb datum and returns text.
+        unsafe { direct_function_call::<String>(pg_sys::jsonb_typeof, &[Some(self.0)]) }
+            .expect("jsonb_typeof returned NULL")
+    }
+
     /// The value's size in bytes as stored uncompressed, read from its header (no detoasting).
     pub fn raw_size(&self) -> usize {
         // SAFETY: the datum is a valid jsonb varlena.

@@ -6,7 +6,7 @@
 //! - `spi`, `direct`, `jsonb`, `settings`, `deployment`, `wakeup`, `keylock`: the glue to the
 //!   server (statements, the direct read of a record by its primary key, datums, settings,
 //!   where the tables live, waking the claims that wait, the lock that holds a key);
-//! - `jcs`, `validate`, `record`, `errors`: pure rules, tested with a plain `cargo test`.
+//! - `jcs`, `validate`, `record`, `errors`, `sending`, `budget_ledger`: pure rules, tested with a plain `cargo test`.
 
 use pgrx::prelude::*;
 
@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 #[macro_use]
 mod layout;
 mod api;
+mod budget_ledger;
 mod deployment;
 mod direct;
 mod errors;
@@ -22,6 +23,7 @@ mod jsonb;
 mod keylock;
 mod policy;
 mod record;
+mod sending;
 mod settings;
 mod spi;
 mod validate;

@@ -37,6 +37,11 @@ static mut SEND_BACKOFF_BASE_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_BACKOFF_CAP_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_GIVE_UP_AFTER_TEXT: *mut c_char = std::ptr::null_mut();
 static mut SEND_RETRY_WINDOW_TEXT: *mut c_char = std::ptr::null_mut();
+// The values the native idem_send_next and idem_send_result use (the portable edition reads
+// the text above with current_setting).
+static mut SEND_BACKOFF_BASE: pg_sys::Interval = pg_sys::Interval { time: 1_000_000, day: 0, month: 0 };
+static mut SEND_BACKOFF_CAP: pg_sys::Interval = pg_sys::Interval { time: 10 * 60_000_000, day: 0, month: 0 };
+static mut SEND_RETRY_WINDOW: pg_sys::Interval = pg_sys::Interval { time: 60_000_000, day: 0, month: 0 };
 static SEND_RETRY_BUDGET: GucSetting<f64> = GucSetting::<f64>::new(0.1);
 
 /// Called once per backend, from `_PG_init`.
@@ -139,7 +144,7 @@ pub fn register() {
             pg_sys::GucContext::PGC_USERSET,
             0,
             Some(check_positive_interval),
-            None,
+            Some(assign_send_backoff_base),
             None,
         );
         pg_sys::DefineCustomStringVariable(
@@ -151,7 +156,7 @@ pub fn register() {
             pg_sys::GucContext::PGC_USERSET,
             0,
             Some(check_positive_interval),
-            None,
+            Some(assign_send_backoff_cap),
             None,
         );
         pg_sys::DefineCustomStringVariable(
@@ -175,7 +180,7 @@ pub fn register() {
             pg_sys::GucContext::PGC_USERSET,
             0,
             Some(check_retry_window),
-            None,
+            Some(assign_send_retry_window),
             None,
         );
         pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr());
@@ -216,6 +221,24 @@ pub fn tombstone_ttl() -> Option<Interval> {
     } else {
         Some(to_interval(raw))
     }
+}
+
+/// idempotency.send_backoff_base.
+pub fn send_backoff_base() -> Interval {
+    // SAFETY: as above.
+    unsafe { to_interval(*addr_of!(SEND_BACKOFF_BASE)) }
+}
+
+/// idempotency.send_backoff_cap.
+pub fn send_backoff_cap() -> Interval {
+    // SAFETY: as above.
+    unsafe { to_interval(*addr_of!(SEND_BACKOFF_CAP)) }
+}
+
+/// idempotency.send_retry_window.
+pub fn send_retry_window() -> Interval {
+    // SAFETY: as above.
+    unsafe { to_interval(*addr_of!(SEND_RETRY_WINDOW)) }
 }
 
 fn to_interval(raw: pg_sys::Interval) -> Interval {
@@ -350,5 +373,26 @@ unsafe extern "C-unwind" fn assign_default_lease(_newval: *const c_char, extra: 
 unsafe extern "C-unwind" fn assign_tombstone_ttl(_newval: *const c_char, extra: *mut c_void) {
     if !extra.is_null() {
         TOMBSTONE_TTL = *(extra as *const pg_sys::Interval);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_send_backoff_base(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        SEND_BACKOFF_BASE = *(extra as *const pg_sys::Interval);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_send_backoff_cap(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        SEND_BACKOFF_CAP = *(extra as *const pg_sys::Interval);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_send_retry_window(_newval: *const c_char, extra: *mut c_void) {
+    if !extra.is_null() {
+        SEND_RETRY_WINDOW = *(extra as *const pg_sys::Interval);
     }
 }

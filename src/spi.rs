@@ -24,6 +24,12 @@ pub enum Kind {
     /// Takes a transaction id before it runs (pgrx's `update`), so that the statements after
     /// it run with fresh snapshots too.
     Write,
+    /// A queue's statement (the sending side): runs with a fresh snapshot, as a statement of a
+    /// VOLATILE PL/pgSQL function does, takes a transaction id only if it writes or locks a row
+    /// (most polls find nothing), and always runs its generic plan. These statements are
+    /// written for their indexes; with a `LIMIT $n` the planner prices the generic plan above
+    /// a custom one and would plan again at every call, which costs more than the run.
+    Fresh,
 }
 
 pub struct Statement {
@@ -55,7 +61,7 @@ pub fn run<'conn>(
             let types: Vec<PgOid> = stmt.args.iter().map(|&oid| PgOid::from(oid)).collect();
             let prepared = match stmt.kind {
                 Kind::Read => client.prepare(stmt.sql, &types),
-                Kind::Write => client.prepare_mut(stmt.sql, &types),
+                Kind::Write | Kind::Fresh => client.prepare_mut(stmt.sql, &types),
             }
             .unwrap_or_else(|e| panic!("preparing an idempotency statement failed: {e}"));
             let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
@@ -65,6 +71,11 @@ pub fn run<'conn>(
     };
     let result = match stmt.kind {
         Kind::Read => client.select(plan, None, args),
+        // A statement prepared as mutating runs read-write (a fresh snapshot) either way.
+        Kind::Fresh => {
+            let _generic = GenericPlan::force();
+            client.select(plan, None, args)
+        }
         Kind::Write => client.update(plan, None, args),
     };
     let result = result.unwrap_or_else(|e| panic!("an idempotency statement failed: {e}"));
@@ -76,6 +87,30 @@ pub fn run<'conn>(
         assert_eq!(names, stmt.columns, "the columns of {}", stmt.sql);
     }
     result
+}
+
+/// plan_cache_mode = force_generic_plan while it lives (GetCachedPlan reads the variable),
+/// then back to what it was, also when the statement raises an error (pgrx unwinds through
+/// Rust frames). Nothing the statement calls plans anything: no user function is called.
+struct GenericPlan(std::ffi::c_int);
+
+impl GenericPlan {
+    fn force() -> GenericPlan {
+        // SAFETY: a GUC variable of the backend's only thread, restored by Drop.
+        unsafe {
+            let was = pg_sys::plan_cache_mode;
+            pg_sys::plan_cache_mode =
+                pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_GENERIC_PLAN as std::ffi::c_int;
+            GenericPlan(was)
+        }
+    }
+}
+
+impl Drop for GenericPlan {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { pg_sys::plan_cache_mode = self.0 };
+    }
 }
 
 /// A row of a result: its current row (`SpiTupleTable`), or a row taken from it while

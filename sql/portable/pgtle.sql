@@ -2396,8 +2396,8 @@ AS $$
                    least(2 * final_answers_since_failure::float8, 1e15::float8) AS earned) AS l
 $$;
 
--- The three idem_send* functions are SQL over these PL/pgSQL bodies: their arguments and
--- result columns share names (scope, key, ...), which PL/pgSQL refuses.
+-- idem_send is SQL over this PL/pgSQL body: its arguments and result columns share names
+-- (scope, key, ...), which PL/pgSQL refuses.
 CREATE FUNCTION idempotency.send_prepare(p_scope text, p_operation text, p_target text, p_request jsonb,
                                          p_key text, p_give_up_after interval)
 RETURNS SETOF idempotency.outbound
@@ -2504,6 +2504,14 @@ BEGIN
     RETURN idempotency.send_retries_allowed(ratio, c.firsts, c.retries, c.recent, c.earned);
 END
 $$;
+
+-- The portable edition's idem_send_next and idem_send_result (the native edition's are in the
+-- library: src/api/send_next.rs, send_result.rs, send_budget.rs), with the retry budget's
+-- counting. The same answers, errors and SQLSTATEs in both editions: the regress tests 17_send,
+-- 18_lease_length, 19_send_backoff and 23_send_budget run against both. What is shared (the
+-- outbound tables, idem_send, the budget's arithmetic, the sweep) is in sql/send.sql.
+-- Until 0.6.0 both editions ran these; an upgraded native database drops them
+-- (sql/idempotency--0.5.0--0.6.0.sql).
 
 -- Counts, in this backend's own row of the current bucket, what idem_send_next handed out to
 -- `target` and what idem_send_result recorded for it. No other session writes that row, so

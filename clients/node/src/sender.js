@@ -29,6 +29,16 @@ const RESULT_SQL = `
 SELECT state, attempts, next_attempt_at
 FROM idempotency.idem_send_result($1, $2, $3::uuid, $4, $5, $6::jsonb, $7::interval, $8)`;
 
+// The answers of a round, recorded in one statement (one round trip, one transaction), in the
+// order given: idem_send_result once per element of the arrays.
+const RESULTS_SQL = `
+SELECT r.state, r.attempts, r.next_attempt_at
+FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int[], $5::text[], $6::jsonb[], $7::interval[], $8::text[])
+       WITH ORDINALITY AS a(scope, operation, token, http_status, response_body, response_headers, retry_after, error, n),
+     LATERAL idempotency.idem_send_result(a.scope, a.operation, a.token, a.http_status, a.response_body,
+                                          a.response_headers, a.retry_after, a.error) AS r
+ORDER BY a.n`;
+
 const ROW_SQL = `
 SELECT state, attempts, next_attempt_at, last_status, last_error, response_status, response_body, response_headers, key
 FROM idempotency.outbound WHERE scope = $1 AND operation = $2`;
@@ -264,26 +274,59 @@ export class Sender {
     return this.record(attempt, await this.answer(attempt));
   }
 
-  async record(attempt, answer) {
+  static resultArgs(attempt, answer) {
     const status = answer.status ?? null;
     const retryAfter = status === null ? null : parseRetryAfter(answer.headers?.['retry-after']);
+    return [attempt.scope, attempt.operation, attempt.token, status, answer.body ?? null,
+      status === null ? null : JSON.stringify(answer.headers ?? {}), intervalText(retryAfter), answer.error ?? null];
+  }
+
+  async record(attempt, answer) {
     let row;
     try {
-      [row] = await this.call(RESULT_SQL, [attempt.scope, attempt.operation, attempt.token, status,
-        answer.body ?? null, status === null ? null : JSON.stringify(answer.headers ?? {}), intervalText(retryAfter),
-        answer.error ?? null]);
+      [row] = await this.call(RESULT_SQL, Sender.resultArgs(attempt, answer));
     } catch (e) {
       if (e.code === 'IK002') return { kind: 'lost', scope: attempt.scope, operation: attempt.operation };
       // Recorded already: the COMMIT's reply was lost with the connection.
       if (e.code === 'IK003') return this.status(attempt.scope, attempt.operation);
       throw mapError(e);
     }
+    return this.recorded(attempt, answer, row);
+  }
+
+  recorded(attempt, answer, row) {
+    const status = answer.status ?? null;
     let result;
     if (row.state === 'done') result = delivered(status, answer.headers ?? {}, answer.body ?? null);
     else if (row.state === 'gave_up') result = { kind: 'unknown', key: attempt.key, attempts: row.attempts, lastStatus: status, lastError: answer.error ?? null };
     else result = { kind: 'not_yet', state: row.state, attempts: row.attempts, nextAttemptAt: row.next_attempt_at, lastStatus: status, lastError: answer.error ?? null };
     if (this.onFinished && result.kind !== 'not_yet') this.onFinished(attempt, result);
     return result;
+  }
+
+  /**
+   * The answers of a round, recorded together: one statement, so one round trip and one
+   * transaction, in (scope, operation) order (two senders never lock rows in opposite orders).
+   * When the extension refuses one of them (IK002: its lease was lost; IK003: recorded already)
+   * the statement records none, and each is recorded on its own.
+   */
+  async recordRound(done) {
+    const key = ({ attempt: a }) => `${a.scope}\u0000${a.operation}`;
+    const sorted = [...done].sort((x, y) => (key(x) < key(y) ? -1 : key(x) > key(y) ? 1 : 0));
+    const columns = Array.from({ length: 8 }, () => []);
+    for (const { attempt, answer } of sorted) {
+      Sender.resultArgs(attempt, answer).forEach((v, i) => columns[i].push(v));
+    }
+    let rows;
+    try {
+      rows = await this.call(RESULTS_SQL, columns);
+    } catch (e) {
+      if (e.code !== 'IK002' && e.code !== 'IK003') throw mapError(e);
+      const results = [];
+      for (const { attempt, answer } of sorted) results.push(await this.record(attempt, answer));
+      return results;
+    }
+    return sorted.map(({ attempt, answer }, i) => this.recorded(attempt, answer, rows[i]));
   }
 
   /**
@@ -334,15 +377,26 @@ export class Sender {
   }
 
   /**
-   * One round: up to `concurrency` due sends, attempted at once, each answer recorded. Returns
-   * how many. A database error is thrown once every attempt of the round has ended; the answers
-   * it kept from being recorded are recorded by the worker when it has reconnected.
+   * One round: up to `concurrency` due sends, attempted at once; their answers are recorded
+   * together once every attempt of the round has ended (one statement: recordRound). Returns
+   * how many. A database error is thrown; the answers it kept from being recorded are recorded
+   * by the worker when it has reconnected.
    */
   async runOnce(target = null) {
     const { taken, leaseEnd } = await this.take(target, this.concurrency);
-    const ended = await Promise.allSettled(taken.map((a) => this.attemptKept(a, leaseEnd)));
-    const failed = ended.find((r) => r.status === 'rejected');
-    if (failed) throw failed.reason;
+    if (taken.length === 1) {
+      await this.attemptKept(taken[0], leaseEnd);
+      return 1;
+    }
+    if (taken.length === 0) return 0;
+    const answers = await Promise.all(taken.map((a) => this.answer(a)));
+    const done = taken.map((attempt, i) => ({ attempt, answer: answers[i] }));
+    try {
+      await this.recordRound(done);
+    } catch (e) {
+      if (isDatabaseError(e)) this.unrecorded.push(...done.map(({ attempt, answer }) => ({ attempt, answer, leaseEnd })));
+      throw e;
+    }
     return taken.length;
   }
 

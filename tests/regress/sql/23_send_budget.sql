@@ -90,7 +90,10 @@ SELECT send_retry_allowance('r') AS allowed;
 ROLLBACK;
 
 -- The setting's range: 1 second to 1 day, 22023 otherwise (when SET with the native
--- library loaded, where it is used in the portable edition), nothing written.
+-- library loaded, where it is used in the portable edition), nothing written. The first call
+-- of idem_send_next loads the native library (a value SET before a session loads it is
+-- checked as it loads: a WARNING, and the default).
+SELECT count(*) AS taken FROM idem_send_next('nothing-due');
 SELECT case_, sqlstate, unchanged FROM fixture.send_cases(
     'window 0.5 s', $$SET LOCAL idempotency.send_retry_window = '0.5 s'; SELECT idem_send_next('budget')$$,
     'window 2 days', $$SET LOCAL idempotency.send_retry_window = '2 days'; SELECT idem_send_next('budget')$$,

@@ -250,6 +250,14 @@ async def aprepare(conn: psycopg.AsyncConnection, scope: str, operation: str, ta
 _NEXT = ("SELECT scope, operation, target, key, request, attempt, token, locked_until, give_up_at "
          "FROM idempotency.idem_send_next(target => %s, max_rows => %s, lease => %s, scope => %s, operation => %s)")
 _RESULT = ("SELECT state, attempts, next_attempt_at FROM idempotency.idem_send_result(%s, %s, %s, %s, %s, %s, %s, %s)")
+# The answers of a round, recorded in one statement (one round trip, one transaction), in the
+# order given: idem_send_result once per element of the arrays.
+_RESULTS = ("SELECT r.state, r.attempts, r.next_attempt_at "
+            "FROM unnest(%s::text[], %s::text[], %s::uuid[], %s::int[], %s::text[], %s::jsonb[], %s::interval[], "
+            "%s::text[]) WITH ORDINALITY AS a(scope, operation, token, http_status, response_body, response_headers, "
+            "retry_after, error, n), "
+            "LATERAL idempotency.idem_send_result(a.scope, a.operation, a.token, a.http_status, a.response_body, "
+            "a.response_headers, a.retry_after, a.error) AS r ORDER BY a.n")
 _ROW = ("SELECT state, attempts, next_attempt_at, last_status, last_error, response_status, response_body, "
         "response_headers, key FROM idempotency.outbound WHERE scope = %s AND operation = %s")
 _IDLE = ("SELECT NOT EXISTS (SELECT FROM idempotency.outbound WHERE state IN ('pending', 'sending') "
@@ -402,12 +410,15 @@ class Sender:
         """One HTTP attempt of a send this sender holds, and its result recorded."""
         return self._record(attempt, self._answer(attempt))
 
-    def _record(self, attempt: Attempt, answer: Answer) -> Result:
+    @staticmethod
+    def _result_args(attempt: Attempt, answer: Answer) -> tuple:
         headers = Jsonb(answer.headers) if answer.status is not None else None
+        return (attempt.scope, attempt.operation, attempt.token, answer.status, answer.body, headers,
+                answer.retry_after(), answer.error)
+
+    def _record(self, attempt: Attempt, answer: Answer) -> Result:
         try:
-            [(state, attempts, next_at)] = self._call(_RESULT, (
-                attempt.scope, attempt.operation, attempt.token, answer.status, answer.body, headers,
-                answer.retry_after(), answer.error))
+            [row] = self._call(_RESULT, self._result_args(attempt, answer))
         except psycopg.Error as e:
             if e.sqlstate == "IK002":
                 return Lost(attempt.scope, attempt.operation)
@@ -415,6 +426,10 @@ class Sender:
                 raise
             # Recorded already: the COMMIT's reply was lost with the connection.
             return self.status(attempt.scope, attempt.operation)
+        return self._recorded(attempt, answer, row)
+
+    def _recorded(self, attempt: Attempt, answer: Answer, row: tuple) -> Result:
+        state, attempts, next_at = row
         if state == "done":
             result: Result = Delivered(answer.status, answer.headers, answer.body)
         elif state == "gave_up":
@@ -424,6 +439,21 @@ class Sender:
         if self._on_finished and not isinstance(result, NotYet):
             self._on_finished(attempt, result)
         return result
+
+    def _record_round(self, done: list[tuple[Attempt, Answer]]) -> list[Result]:
+        """The answers of a round, recorded together: one statement, so one round trip and one
+        transaction, in (scope, operation) order (so that two senders never lock rows in
+        opposite orders). When the extension refuses one of them (IK002: its lease was lost;
+        IK003: recorded already) the statement records none, and each is recorded on its own."""
+        done = sorted(done, key=lambda d: (d[0].scope, d[0].operation))
+        columns = list(zip(*(self._result_args(a, answer) for a, answer in done), strict=True))
+        try:
+            rows = self._call(_RESULTS, tuple(list(c) for c in columns))
+        except psycopg.Error as e:
+            if e.sqlstate not in ("IK002", "IK003"):
+                raise
+            return [self._record(a, answer) for a, answer in done]
+        return [self._recorded(a, answer, row) for (a, answer), row in zip(done, rows, strict=True)]
 
     def _take(self, target: str | None, max_rows: int, scope: str | None = None,
               operation: str | None = None) -> tuple[list[Attempt], float]:
@@ -471,20 +501,26 @@ class Sender:
             raise
 
     def run_once(self, target: str | None = None) -> int:
-        """One round: takes up to `concurrency` due sends, attempts them at once, records
-        each answer. Returns how many it attempted. A database error is raised once every
-        attempt of the round has ended; the answers it kept from being recorded are recorded
-        by the worker when it has reconnected (while their lease holds)."""
+        """One round: takes up to `concurrency` due sends, attempts them at once, and records
+        their answers together once every attempt of the round has ended (one statement, one
+        round trip: `_record_round`). Returns how many it attempted. A database error is raised;
+        the answers it kept from being recorded are recorded by the worker when it has
+        reconnected (while their lease holds)."""
         taken, lease_end = self._take(target, self._concurrency)
         if len(taken) == 1:
             self._attempt_kept(taken[0], lease_end)
         elif taken:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="idempotency-sender")
-            futures = [self._pool.submit(self._attempt_kept, a, lease_end) for a in taken]
+            futures = [self._pool.submit(self._answer, a) for a in taken]
             wait(futures)
-            for f in futures:
-                f.result()
+            done = [(a, f.result()) for a, f in zip(taken, futures, strict=True)]
+            try:
+                self._record_round(done)
+            except psycopg.Error:
+                with self._unrecorded_lock:
+                    self._unrecorded.extend(_Unrecorded(a, answer, lease_end) for a, answer in done)
+                raise
         return len(taken)
 
     def _record_unrecorded(self) -> None:

@@ -138,10 +138,6 @@ register_suites() {
         clients/java/test.sh
     register artifacts-java  15   full ext     'the Java package as Maven Central will ship it: the README'"'"'s install block run as it is (`scripts/build-artifacts.sh java`: the jars with their sources and javadoc jars and poms; `mvn install:install-file` into a throwaway local repository), fresh projects outside the clone with the README'"'"'s dependencies and its two example apps (Spring Boot, plain Servlet) run against a database restarted, stopped (503 within 2 s) and started again ([tests/artifacts/java.sh](tests/artifacts/java.sh))' \
         tests/artifacts/java.sh
-    register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget, a trickling answer against the timeout, the sender'"'"'s database terminated and restarted under its worker, the per-sender settings (each language the scenarios its senders/LANG.json lists); exactly one side effect per operation' \
-        tests/sending/run.sh
-    register sending-portable 15  full -       'the sending side end to end against the portable edition (the Python send demo: the packages differ from each other in the client, not in the edition)' \
-        env IDEM_EDITION=portable tests/sending/run.sh python
     register e2e-apps        15   full ext     'the black-box HTTP suite (`tests/e2e/run.py`) against the demo app of every client package' \
         e2e_apps
     # After the client packages' suites: bench/http.sh reuses their venv and Rust builds.
@@ -149,6 +145,13 @@ register_suites() {
         bench_smoke
     register claim-retry     each full cluster 'a claim whose reply to COMMIT is lost, repeated with its caller-chosen token (`tests/claim_retry/run.py`)' \
         claim_retry
+    # The last suites of a major that mostly wait (on leases, timeouts, a receiver's faults): they
+    # run in a lane beside the next major's suites (BESIDE below), after every suite that builds
+    # or installs what they share (the venv, node_modules, the Java and Rust builds).
+    register sending         15   full ext     'the sending side end to end ([tests/sending/README.md](tests/sending/README.md)): each package'"'"'s send demo program against a real receiver behind a fault proxy, SIGKILLed before, during and after an attempt; 503, 429, 409, dropped answers, 422, 410, give-up, the retry budget, a trickling answer against the timeout, the sender'"'"'s database terminated and restarted under its worker, the per-sender settings (each language the scenarios its senders/LANG.json lists); exactly one side effect per operation' \
+        tests/sending/run.sh
+    register sending-portable 15  full -       'the sending side end to end against the portable edition (the Python send demo: the packages differ from each other in the client, not in the edition)' \
+        env IDEM_EDITION=portable tests/sending/run.sh python
     register migrate         after full ext    'a 15 database moved to 18 by dump and restore ([docs/packages.md](docs/packages.md#moving-a-database-from-15-to-18))' \
         tests/migrate/run.sh
     register portable        after full ext    'the portable edition on 15 and 18: regress, isolation, security, stress, switching editions ([docs/portable.md](docs/portable.md))' \
@@ -323,6 +326,52 @@ run() { # run NAME [MAJOR]: in the major lib.sh's use_major chose
     count "$name$suffix" "$log" "$status" "$((SECONDS - t0))"
 }
 
+# Suites that mostly wait (on leases, timeouts, a receiver's faults) and use no shared test
+# cluster: registered last in their major, they run one after the other in a lane beside the
+# next major's suites and the after-suites, their output shown when the lane ends. The suites
+# before them have built and installed what they share (the venv, node_modules, Java, Rust).
+BESIDE=(sending sending-portable)
+is_beside() { local b; for b in "${BESIDE[@]}"; do [ "$b" = "$1" ] && return 0; done; return 1; }
+LANE_PID=""
+# The lane's counts come back through a file, not its subshell's variables.
+# shellcheck disable=SC2030,SC2031
+lane_start() { # lane_start MAJOR NAME...: the suites run in the background, counted at lane_join
+    LANE_MAJOR=$1; shift
+    LANE_NAMES=("$@")
+    LANE_OUT=$LOGS/pg$LANE_MAJOR/lane.out
+    echo "== in a lane beside what follows: ${LANE_NAMES[*]} (pg$LANE_MAJOR; output when it ends)"
+    (
+        total_passed=0 total_failed=0 broken=()
+        for name in "${LANE_NAMES[@]}"; do run "$name" "$LANE_MAJOR"; done >"$LANE_OUT" 2>&1
+        {
+            echo "$total_passed $total_failed"
+            for name in "${LANE_NAMES[@]}"; do echo "${DURATION[$name|$LANE_MAJOR]:-0}"; done
+            printf '%s\n' "${broken[@]}"
+        } >"$LANE_OUT.counts"
+    ) &
+    LANE_PID=$!
+}
+# shellcheck disable=SC2031
+lane_join() {
+    [ -n "$LANE_PID" ] || return 0
+    local t0=$SECONDS p f name took line
+    wait "$LANE_PID"
+    LANE_PID=""
+    echo
+    echo "==== the lane (pg$LANE_MAJOR: ${LANE_NAMES[*]}), waited for $((SECONDS - t0)) s"
+    cat "$LANE_OUT"
+    if [ ! -s "$LANE_OUT.counts" ]; then
+        total_failed=$((total_failed + 1)); broken+=("the lane ${LANE_NAMES[*]} (pg$LANE_MAJOR) ended without its counts")
+        return
+    fi
+    {
+        read -r p f
+        total_passed=$((total_passed + p)); total_failed=$((total_failed + f))
+        for name in "${LANE_NAMES[@]}"; do read -r took; DURATION[$name|$LANE_MAJOR]=$took; done
+        while read -r line; do [ -n "$line" ] && broken+=("$line"); done
+    } <"$LANE_OUT.counts"
+}
+
 not_here() { # not_here NAME SUFFIX WHY: a suite that does not run on this major, said aloud
     echo "== $1$2: not run: $3"
 }
@@ -371,7 +420,8 @@ stop_test_cluster() {
     [ -n "$TEST_CLUSTER" ] && cluster_stop "$(dir_of test "$TEST_CLUSTER")"
     TEST_CLUSTER=""
 }
-trap stop_test_cluster EXIT
+stop_lane() { [ -n "$LANE_PID" ] && kill "$LANE_PID" 2>/dev/null && wait "$LANE_PID"; }
+trap 'stop_lane; stop_test_cluster' EXIT
 
 # --- the run -----------------------------------------------------------------------------
 
@@ -389,6 +439,7 @@ for major in "${majors[@]}"; do
     use_major "$major" || { total_failed=$((total_failed + 1)); broken+=("PostgreSQL $major"); continue; }
     echo
     echo "==== PostgreSQL $PG_MAJOR ($PGBIN)"
+    lane=()
     for name in "${NAMES[@]}"; do
         is_wanted "$name" || continue
         case ${WHERE[$name]} in
@@ -413,14 +464,17 @@ for major in "${majors[@]}"; do
             total_failed=$((total_failed + 1)); broken+=("$name (pg$PG_MAJOR): the test cluster did not start")
             continue
         fi
-        run "$name" "$PG_MAJOR"
+        if is_beside "$name"; then lane+=("$name"); else run "$name" "$PG_MAJOR"; fi
     done
     stop_test_cluster
+    lane_join
+    [ ${#lane[@]} -gt 0 ] && lane_start "$PG_MAJOR" "${lane[@]}"
 done
 [ ${#after[@]} -gt 0 ] && { echo; echo "==== after every major"; use_major "${majors[0]}"; }
 for name in "${after[@]}"; do
     run "$name"
 done
+lane_join
 
 echo
 printf '%-18s %6s' "duration (s)" "once"

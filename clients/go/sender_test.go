@@ -349,7 +349,9 @@ func TestSenderRoundRecordedTogether(t *testing.T) {
 	var mu sync.Mutex
 	var finished []string
 	s := newTestSender(t, SenderOptions{Concurrency: 4,
-		Send: func(_ context.Context, a Attempt) Answer { return Answer{Status: statuses[a.Operation]} },
+		Send: func(_ context.Context, a Attempt) Answer { // a's retry due in an hour
+			return Answer{Status: statuses[a.Operation], Headers: map[string]string{"retry-after": "3600"}}
+		},
 		OnFinished: func(a Attempt, _ Result) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -364,8 +366,7 @@ func TestSenderRoundRecordedTogether(t *testing.T) {
 	if ops, xacts := logged(); strings.Join(ops, " ") != "a b c" || xacts != 1 {
 		t.Errorf("recorded %q in %d transactions; want a b c in one", ops, xacts)
 	}
-	want := map[string]Result{"a": nil, "b": Delivered{Status: 400, Headers: map[string]string{}},
-		"c": Delivered{Status: 201, Headers: map[string]string{}}}
+	want := map[string]Result{"a": nil, "b": Delivered{Status: 400}, "c": Delivered{Status: 201}}
 	for op, w := range want {
 		res, err := s.Status(testCtx, scope, op)
 		if n, ok := res.(NotYet); w == nil && (err != nil || !ok || n.State != "pending" || n.Attempts != 1 || n.LastStatus != 503) {

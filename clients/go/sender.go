@@ -19,6 +19,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -394,24 +395,22 @@ func (s *Sender) attempt(ctx context.Context, a Attempt, leaseEnd time.Time) (Re
 	return s.record(ctx, a, answer)
 }
 
-// attemptKept is attempt for the worker: an answer the database fails to record is kept, and
-// recorded by Run once it has reconnected, while its lease holds.
-func (s *Sender) attemptKept(ctx context.Context, a Attempt, leaseEnd time.Time) error {
-	ctx = context.WithoutCancel(ctx)
-	answer := s.answer(ctx, a, leaseEnd)
-	_, err := s.record(ctx, a, answer)
-	if err != nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		kept := s.unrecorded[:0]
-		for _, u := range s.unrecorded { // those past their lease would never be recorded
-			if time.Now().Before(u.leaseEnd) {
-				kept = append(kept, u)
-			}
+// keep keeps answers the database failed to record (answers[i] is taken[i]'s), for Run to
+// record once it has reconnected, while their lease holds. One that was recorded after all
+// (before the error, or by the COMMIT whose reply was lost) is found recorded then (IK003).
+func (s *Sender) keep(taken []Attempt, answers []Answer, leaseEnd time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.unrecorded[:0]
+	for _, u := range s.unrecorded { // those past their lease would never be recorded
+		if time.Now().Before(u.leaseEnd) {
+			kept = append(kept, u)
 		}
-		s.unrecorded = append(kept, unrecorded{a, answer, leaseEnd})
 	}
-	return err
+	for i, a := range taken {
+		kept = append(kept, unrecorded{a, answers[i], leaseEnd})
+	}
+	s.unrecorded = kept
 }
 
 func (s *Sender) answer(ctx context.Context, a Attempt, leaseEnd time.Time) Answer {
@@ -445,31 +444,49 @@ SELECT state, attempts, next_attempt_at
 FROM idempotency.idem_send_result($1::text, $2::text, $3::uuid, $4::int, $5::text, $6::text::jsonb,
        $7::interval, $8::text)`
 
-func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, error) {
-	var status, body, headers, retryAfter any
+// resultArgs are idem_send_result's arguments after the scope, operation and token, as text
+// (nil: NULL): the status, the body, the headers as JSON, Retry-After as an interval, the error.
+func resultArgs(answer Answer) ([5]*string, error) {
+	var v [5]*string
+	text := func(t string) *string { return &t }
 	if answer.Status != 0 {
-		status = answer.Status
-		b, err := json.Marshal(answer.Headers)
-		if err != nil {
-			return nil, err
+		v[0] = text(strconv.Itoa(answer.Status))
+		headers := answer.Headers
+		if headers == nil {
+			headers = map[string]string{}
 		}
-		headers = string(b)
-		if d, ok := ParseRetryAfter(answer.Headers["retry-after"], time.Now()); ok {
-			retryAfter = interval(d)
+		b, err := json.Marshal(headers)
+		if err != nil {
+			return v, err
+		}
+		v[2] = text(string(b))
+		if d, ok := ParseRetryAfter(answer.Headers["retry-after"], time.Now()); ok && d != 0 {
+			v[3] = text(fmt.Sprintf("%d microseconds", d.Microseconds()))
 		}
 	}
 	if answer.Body != nil {
 		// text holds neither NUL nor invalid UTF-8 (a receiver's binary answer).
-		body = strings.ToValidUTF8(strings.ReplaceAll(string(answer.Body), "\x00", "\uFFFD"), "\uFFFD")
+		v[1] = text(strings.ToValidUTF8(strings.ReplaceAll(string(answer.Body), "\x00", "\uFFFD"), "\uFFFD"))
+	}
+	if answer.Error != "" {
+		v[4] = text(answer.Error)
+	}
+	return v, nil
+}
+
+func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, error) {
+	v, err := resultArgs(answer)
+	if err != nil {
+		return nil, err
 	}
 	var (
 		state    string
 		attempts int
 		nextAt   time.Time
 	)
-	err := s.call(ctx, func(db sendDB) error {
-		return db.QueryRow(ctx, resultSQL, execMode, a.Scope, a.Operation, a.Token, status, body, headers,
-			retryAfter, nullString(answer.Error)).Scan(&state, &attempts, &nextAt)
+	err = s.call(ctx, func(db sendDB) error {
+		return db.QueryRow(ctx, resultSQL, execMode, a.Scope, a.Operation, a.Token, v[0], v[1], v[2], v[3],
+			v[4]).Scan(&state, &attempts, &nextAt)
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -482,6 +499,11 @@ func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, 
 		}
 		return nil, classify(err)
 	}
+	return s.recorded(a, answer, state, attempts, nextAt), nil
+}
+
+// recorded is the Result of an answer that idem_send_result recorded (state, attempts, nextAt).
+func (s *Sender) recorded(a Attempt, answer Answer, state string, attempts int, nextAt time.Time) Result {
 	var result Result
 	switch state {
 	case "done":
@@ -495,7 +517,89 @@ func (s *Sender) record(ctx context.Context, a Attempt, answer Answer) (Result, 
 	if _, notYet := result.(NotYet); !notYet && s.o.OnFinished != nil {
 		s.o.OnFinished(a, result)
 	}
-	return result, nil
+	return result
+}
+
+// The answers of a round, recorded in one statement (one round trip, one transaction), in the
+// order given: idem_send_result once per element of the arrays.
+const resultsSQL = `
+SELECT r.state, r.attempts, r.next_attempt_at
+FROM unnest($1::text[], $2::text[], $3::text[]::uuid[], $4::text[]::int[], $5::text[], $6::text[]::jsonb[],
+            $7::text[]::interval[], $8::text[])
+       WITH ORDINALITY AS a(scope, operation, token, http_status, response_body, response_headers, retry_after,
+                            error, n),
+     LATERAL idempotency.idem_send_result(a.scope, a.operation, a.token, a.http_status, a.response_body,
+                                          a.response_headers, a.retry_after, a.error) AS r
+ORDER BY a.n`
+
+// recordRound records the answers of a round together (answers[i] is taken[i]'s): one
+// statement, so one round trip and one transaction, in (scope, operation) order (so that two
+// senders never lock rows in opposite orders). When the extension refuses one of them (IK002:
+// its lease was lost; IK003: recorded already) the statement records none, and each is recorded
+// on its own. The results are in taken's order.
+func (s *Sender) recordRound(ctx context.Context, taken []Attempt, answers []Answer) ([]Result, error) {
+	order := make([]int, len(taken))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(x, y int) int {
+		if c := strings.Compare(taken[x].Scope, taken[y].Scope); c != 0 {
+			return c
+		}
+		return strings.Compare(taken[x].Operation, taken[y].Operation)
+	})
+	var columns [8][]*string
+	for _, i := range order {
+		v, err := resultArgs(answers[i])
+		if err != nil {
+			return nil, err
+		}
+		a := taken[i]
+		for c, value := range append([]*string{&a.Scope, &a.Operation, &a.Token}, v[:]...) {
+			columns[c] = append(columns[c], value)
+		}
+	}
+	type row struct {
+		state    string
+		attempts int
+		nextAt   time.Time
+	}
+	var rows []row
+	err := s.call(ctx, func(db sendDB) error {
+		args := []any{execMode}
+		for _, c := range columns {
+			args = append(args, c)
+		}
+		got, err := db.Query(ctx, resultsSQL, args...)
+		if err != nil {
+			return err
+		}
+		rows, err = pgx.CollectRows(got, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			return x, r.Scan(&x.state, &x.attempts, &x.nextAt)
+		})
+		return err
+	})
+	results := make([]Result, len(taken))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "IK002" || pgErr.Code == "IK003") {
+		for _, i := range order {
+			if results[i], err = s.record(ctx, taken[i], answers[i]); err != nil {
+				return nil, err
+			}
+		}
+		return results, nil
+	}
+	if err != nil {
+		return nil, classify(err)
+	}
+	if len(rows) != len(order) {
+		return nil, fmt.Errorf("idempotency: %d answers recorded, %d results returned", len(order), len(rows))
+	}
+	for k, i := range order {
+		results[i] = s.recorded(taken[i], answers[i], rows[k].state, rows[k].attempts, rows[k].nextAt)
+	}
+	return results, nil
 }
 
 const nextSQL = `
@@ -581,22 +685,33 @@ func (s *Sender) Status(ctx context.Context, scope, operation string) (Result, e
 }
 
 // RunOnce is one round of the worker: it takes up to Concurrency due sends of target (""
-// any target), attempts them at once and records each answer. It returns how many it took,
-// and the database's errors once every attempt of the round has ended; the answers those
-// errors kept from being recorded are recorded by Run when it has reconnected, while their
-// lease holds.
+// any target), attempts them at once and, once every attempt has ended, records their answers
+// together (one statement, one round trip: recordRound). It returns how many it took, and the
+// database's error; the answers that error kept from being recorded are recorded by Run when it
+// has reconnected, while their lease holds.
 func (s *Sender) RunOnce(ctx context.Context, target string) (int, error) {
 	taken, leaseEnd, err := s.take(ctx, target, s.o.Concurrency, "", "")
 	if err != nil {
 		return 0, err
 	}
-	errs := make([]error, len(taken))
+	ctx = context.WithoutCancel(ctx)
+	answers := make([]Answer, len(taken))
 	var wg sync.WaitGroup
 	for i, a := range taken {
-		wg.Go(func() { errs[i] = s.attemptKept(ctx, a, leaseEnd) })
+		wg.Go(func() { answers[i] = s.answer(ctx, a, leaseEnd) })
 	}
 	wg.Wait()
-	return len(taken), errors.Join(errs...)
+	switch len(taken) {
+	case 0:
+	case 1:
+		_, err = s.record(ctx, taken[0], answers[0])
+	default:
+		_, err = s.recordRound(ctx, taken, answers)
+	}
+	if err != nil {
+		s.keep(taken, answers, leaseEnd)
+	}
+	return len(taken), err
 }
 
 // Idle reports whether no send of target ("": any target) is pending or sending.

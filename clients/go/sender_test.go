@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -315,4 +316,172 @@ func TestSenderCutAnswer(t *testing.T) {
 	if n, ok := res.(NotYet); err != nil || !ok || n.LastStatus != 0 || !strings.HasPrefix(n.LastError, "no answer") {
 		t.Errorf("a cut answer: %#v, %v; want NotYet with no answer", res, err)
 	}
+}
+
+// recordings logs, in a table of its own, each result recorded for target's sends: the
+// operation and the transaction that recorded it, in the order they were recorded.
+func recordings(t *testing.T, target string) func() (ops []string, transactions int) {
+	t.Helper()
+	pool := testPool(t)
+	table := "public.test_go_recorded_" + NewToken()[:8]
+	mustExec(t, pool, "CREATE TABLE "+table+" (n bigserial, xact xid8, operation text)")
+	t.Cleanup(func() { mustExec(t, pool, "DROP TABLE "+table) })
+	onRecord(t, target, "INSERT INTO "+table+" (xact, operation) VALUES (pg_current_xact_id(), NEW.operation);")
+	return func() ([]string, int) {
+		rows, err := pool.Query(testCtx, "SELECT operation FROM "+table+" ORDER BY n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ops, countRows(t, pool, "SELECT count(DISTINCT xact) FROM "+table)
+	}
+}
+
+// A round of several sends has their answers recorded together: one statement, one
+// transaction, the rows in (scope, operation) order; a round of one keeps the single call.
+func TestSenderRoundRecordedTogether(t *testing.T) {
+	scope, target := uniqueName(t), uniqueName(t)
+	logged := recordings(t, target)
+	statuses := map[string]int{"c": 201, "a": 503, "b": 400, "d": 202}
+	var mu sync.Mutex
+	var finished []string
+	s := newTestSender(t, SenderOptions{Concurrency: 4,
+		Send: func(_ context.Context, a Attempt) Answer { // a's retry due in an hour
+			return Answer{Status: statuses[a.Operation], Headers: map[string]string{"retry-after": "3600"}}
+		},
+		OnFinished: func(a Attempt, _ Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			finished = append(finished, a.Operation)
+		}})
+	for _, op := range []string{"c", "a", "b"} {
+		prepared(t, scope, op, target, nil)
+	}
+	if n, err := s.RunOnce(testCtx, target); n != 3 || err != nil {
+		t.Fatalf("round: %d, %v; want 3", n, err)
+	}
+	if ops, xacts := logged(); strings.Join(ops, " ") != "a b c" || xacts != 1 {
+		t.Errorf("recorded %q in %d transactions; want a b c in one", ops, xacts)
+	}
+	want := map[string]Result{"a": nil, "b": Delivered{Status: 400}, "c": Delivered{Status: 201}}
+	for op, w := range want {
+		res, err := s.Status(testCtx, scope, op)
+		if n, ok := res.(NotYet); w == nil && (err != nil || !ok || n.State != "pending" || n.Attempts != 1 || n.LastStatus != 503) {
+			t.Errorf("%s: %#v, %v; want pending after one attempt answered 503", op, res, err)
+		}
+		if d, ok := res.(Delivered); w != nil && (err != nil || !ok || d.Status != w.(Delivered).Status) {
+			t.Errorf("%s: %#v, %v; want %#v", op, res, err, w)
+		}
+	}
+	mu.Lock()
+	slices.Sort(finished)
+	if strings.Join(finished, " ") != "b c" {
+		t.Errorf("OnFinished for %q; want b and c", finished)
+	}
+	mu.Unlock()
+
+	prepared(t, scope, "d", target, nil)
+	if n, err := s.RunOnce(testCtx, target); n != 1 || err != nil {
+		t.Fatalf("round of one: %d, %v", n, err)
+	}
+	if ops, xacts := logged(); strings.Join(ops, " ") != "a b c d" || xacts != 2 {
+		t.Errorf("recorded %q in %d transactions; want a b c d in two", ops, xacts)
+	}
+}
+
+// When the extension refuses one answer of a round (IK002: its lease was lost; IK003: recorded
+// already) the statement records none of them, and each is recorded on its own.
+func TestSenderRoundFallsBack(t *testing.T) {
+	t.Run("IK002", func(t *testing.T) {
+		scope, target := uniqueName(t), uniqueName(t)
+		logged := recordings(t, target)
+		var mu sync.Mutex
+		var finished []string
+		s := newTestSender(t, SenderOptions{Lease: 200 * time.Millisecond, Timeout: 100 * time.Millisecond,
+			Send: func(context.Context, Attempt) Answer { return Answer{Status: 201} },
+			OnFinished: func(a Attempt, _ Result) {
+				mu.Lock()
+				defer mu.Unlock()
+				finished = append(finished, a.Operation)
+			}})
+		for _, op := range []string{"a", "b", "c"} {
+			prepared(t, scope, op, target, nil)
+		}
+		taken, _, err := s.take(testCtx, target, 3, "", "")
+		if err != nil || len(taken) != 3 {
+			t.Fatalf("take: %+v, %v", taken, err)
+		}
+		time.Sleep(300 * time.Millisecond) // the leases lapse, and another sender takes b over
+		other, otherLease, err := s.take(testCtx, "", 1, scope, "b")
+		if err != nil || len(other) != 1 || other[0].Number != 2 {
+			t.Fatalf("take b over: %+v, %v", other, err)
+		}
+		answers := []Answer{{Status: 201}, {Status: 201}, {Status: 201}}
+		results, err := s.recordRound(testCtx, taken, answers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range taken {
+			_, delivered := results[i].(Delivered)
+			if a.Operation == "b" && results[i] != (Lost{Scope: scope, Operation: "b"}) || a.Operation != "b" && !delivered {
+				t.Errorf("%s: %#v; want Lost for b, Delivered for the others", a.Operation, results[i])
+			}
+		}
+		if ops, xacts := logged(); strings.Join(ops, " ") != "a c" || xacts != 2 {
+			t.Errorf("recorded %q in %d transactions; want a and c, each in its own", ops, xacts)
+		}
+		if res, err := s.attempt(testCtx, other[0], otherLease); err != nil || res.(Delivered).Status != 201 {
+			t.Errorf("b recorded by the sender that took it over: %#v, %v", res, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Join(finished, " ") != "a c b" {
+			t.Errorf("OnFinished for %q; want a, c, then b (the second sender's)", finished)
+		}
+	})
+	t.Run("IK003", func(t *testing.T) {
+		scope, target := uniqueName(t), uniqueName(t)
+		logged := recordings(t, target)
+		s := newTestSender(t, SenderOptions{Send: func(context.Context, Attempt) Answer { return Answer{Status: 201} }})
+		for _, op := range []string{"a", "b", "c"} {
+			prepared(t, scope, op, target, nil)
+		}
+		taken, _, err := s.take(testCtx, target, 3, "", "")
+		if err != nil || len(taken) != 3 {
+			t.Fatalf("take: %+v, %v", taken, err)
+		}
+		answers := []Answer{{Status: 201, Headers: map[string]string{}}, {Status: 409, Headers: map[string]string{}},
+			{Status: 201, Headers: map[string]string{}}}
+		for i, a := range taken {
+			if a.Operation == "b" { // recorded already: the reply to its COMMIT was lost, say
+				answers[i].Status = 202
+				if _, err := s.record(testCtx, a, answers[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		results, err := s.recordRound(testCtx, taken, answers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, a := range taken {
+			want := map[string]int{"a": 201, "b": 202, "c": 201}[a.Operation]
+			if d, ok := results[i].(Delivered); !ok || d.Status != want {
+				t.Errorf("%s: %#v; want Delivered %d", a.Operation, results[i], want)
+			}
+			if res, err := s.Status(testCtx, scope, a.Operation); err != nil || res.(Delivered).Status != want {
+				t.Errorf("%s's row: %#v, %v; want done with %d", a.Operation, res, err, want)
+			}
+		}
+		if ops, xacts := logged(); strings.Join(ops, " ") != "b a c" || xacts != 3 {
+			t.Errorf("recorded %q in %d transactions; want b, then a and c, each in its own", ops, xacts)
+		}
+		if n := countRows(t, testPool(t), `SELECT count(*) FROM idempotency.outbound WHERE scope = $1
+			AND attempts = 1`, scope); n != 3 {
+			t.Errorf("%d sends with one attempt; want 3", n)
+		}
+	})
 }

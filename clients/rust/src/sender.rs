@@ -260,10 +260,47 @@ const NEXT_SQL: &str =
                                   operation => $5)";
 const RESULT_SQL: &str = "SELECT state, attempts, next_attempt_at
   FROM idempotency.idem_send_result($1, $2, $3, $4, $5, $6, $7::interval, $8)";
+// The answers of a round, recorded in one statement (one round trip, one transaction), in the
+// order given: idem_send_result once per element of the arrays.
+const RESULTS_SQL: &str = "SELECT r.state, r.attempts, r.next_attempt_at
+  FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int[], $5::text[], $6::jsonb[], $7::text[]::interval[],
+              $8::text[])
+         WITH ORDINALITY AS a(scope, operation, token, http_status, response_body, response_headers, retry_after,
+                              error, n),
+       LATERAL idempotency.idem_send_result(a.scope, a.operation, a.token, a.http_status, a.response_body,
+                                            a.response_headers, a.retry_after, a.error) AS r
+  ORDER BY a.n";
 const ROW_SQL: &str = "SELECT state, attempts, next_attempt_at, last_status, last_error, response_status,
        response_body, response_headers, key FROM idempotency.outbound WHERE scope = $1 AND operation = $2";
 const IDLE_SQL: &str = "SELECT NOT EXISTS (SELECT FROM idempotency.outbound
   WHERE state IN ('pending', 'sending') AND ($1::text IS NULL OR target = $1))";
+
+/// What idem_send_result gets for an answer besides the attempt, the body and the error: the
+/// status, the headers (when there is an answer) and Retry-After (as interval text).
+fn result_values(answer: &Answer) -> (Option<i32>, Option<Value>, Option<String>) {
+    let status = answer.status.map(i32::from);
+    let headers = answer.status.map(|_| {
+        Value::Object(answer.headers.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect())
+    });
+    let retry_after = answer
+        .status
+        .and_then(|_| answer.headers.get("retry-after"))
+        .and_then(|v| parse_retry_after(v, SystemTime::now()));
+    (status, headers, interval(retry_after))
+}
+
+/// A round's answers, column by column (RESULTS_SQL's arrays).
+#[derive(Default)]
+struct RoundColumns<'a> {
+    scope: Vec<&'a str>,
+    operation: Vec<&'a str>,
+    token: Vec<Uuid>,
+    status: Vec<Option<i32>>,
+    body: Vec<Option<&'a str>>,
+    headers: Vec<Option<Value>>,
+    retry_after: Vec<Option<String>>,
+    error: Vec<Option<&'a str>>,
+}
 
 /// Sends due requests: [`deliver`](Sender::deliver) (one operation, right after COMMIT) and
 /// [`run`](Sender::run) (a worker). Built with [`Sender::builder`]. Cheap to clone.
@@ -631,27 +668,8 @@ impl Sender {
         self.record(&attempt, &answer).await
     }
 
-    /// [`attempt`](Sender::attempt), keeping the answer when the database fails to record it.
-    async fn attempt_kept(&self, attempt: Attempt, lease_end: Instant) -> Result<SendResult, Error> {
-        let answer = self.answer(&attempt).await;
-        match self.record(&attempt, &answer).await {
-            Err(e) => {
-                self.inner.unrecorded.lock().unwrap().push(Unrecorded { attempt, answer, lease_end });
-                Err(e)
-            }
-            done => done,
-        }
-    }
-
     async fn record(&self, attempt: &Attempt, answer: &Answer) -> Result<SendResult, Error> {
-        let status = answer.status.map(i32::from);
-        let headers = answer.status.map(|_| {
-            Value::Object(answer.headers.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect())
-        });
-        let retry_after = answer
-            .status
-            .and_then(|_| answer.headers.get("retry-after"))
-            .and_then(|v| parse_retry_after(v, SystemTime::now()));
+        let (status, headers, retry_after) = result_values(answer);
         let rows = self
             .call(
                 RESULT_SQL,
@@ -662,7 +680,7 @@ impl Sender {
                     (&status, Type::INT4),
                     (&answer.body, Type::TEXT),
                     (&headers, Type::JSONB),
-                    (&interval(retry_after), Type::TEXT),
+                    (&retry_after, Type::TEXT),
                     (&answer.error, Type::TEXT),
                 ],
             )
@@ -683,8 +701,14 @@ impl Sender {
             }
             other => other?.into_iter().next().ok_or(Error::UnknownOutcome("no row".into()))?,
         };
+        self.recorded(attempt, answer, &row)
+    }
+
+    /// The result of an answer that idem_send_result recorded (`row`: its state, attempts and
+    /// next_attempt_at).
+    fn recorded(&self, attempt: &Attempt, answer: &Answer, row: &Row) -> Result<SendResult, Error> {
         let (attempts, last_status, last_error) = (row.get("attempts"), answer.status, answer.error.clone());
-        let result = match state_of(&row, "state")? {
+        let result = match state_of(row, "state")? {
             SendState::Done => SendResult::Delivered(Delivered {
                 status: answer.status.unwrap_or_default(),
                 headers: answer.headers.clone(),
@@ -705,6 +729,69 @@ impl Sender {
             f(attempt, &result);
         }
         Ok(result)
+    }
+
+    /// The answers of a round, recorded together (`done`: each attempt with its answer): one
+    /// statement, so one round trip and one transaction, in (scope, operation) order (so that
+    /// two senders never lock rows in opposite orders). When the extension refuses one of them
+    /// (IK002: its lease was lost; IK003: recorded already) the statement records none, and each
+    /// is recorded on its own. The results are in `done`'s order.
+    async fn record_round(&self, done: &[(Attempt, Answer)]) -> Result<Vec<SendResult>, Error> {
+        let mut order: Vec<usize> = (0..done.len()).collect();
+        order.sort_by(|&x, &y| {
+            let (a, b) = (&done[x].0, &done[y].0);
+            (&a.scope, &a.operation).cmp(&(&b.scope, &b.operation))
+        });
+        let mut columns = RoundColumns::default();
+        for &i in &order {
+            let (a, answer) = &done[i];
+            let (status, headers, retry_after) = result_values(answer);
+            columns.scope.push(a.scope.as_str());
+            columns.operation.push(a.operation.as_str());
+            columns.token.push(a.token);
+            columns.status.push(status);
+            columns.body.push(answer.body.as_deref());
+            columns.headers.push(headers);
+            columns.retry_after.push(retry_after);
+            columns.error.push(answer.error.as_deref());
+        }
+        let rows = self
+            .call(
+                RESULTS_SQL,
+                &[
+                    (&columns.scope, Type::TEXT_ARRAY),
+                    (&columns.operation, Type::TEXT_ARRAY),
+                    (&columns.token, Type::UUID_ARRAY),
+                    (&columns.status, Type::INT4_ARRAY),
+                    (&columns.body, Type::TEXT_ARRAY),
+                    (&columns.headers, Type::JSONB_ARRAY),
+                    (&columns.retry_after, Type::TEXT_ARRAY),
+                    (&columns.error, Type::TEXT_ARRAY),
+                ],
+            )
+            .await;
+        let mut results: Vec<Option<SendResult>> = (0..done.len()).map(|_| None).collect();
+        match rows {
+            Err(Error::NotOwner(_) | Error::AlreadyCompleted(_)) => {
+                for &i in &order {
+                    results[i] = Some(self.record(&done[i].0, &done[i].1).await?);
+                }
+            }
+            Err(e) => return Err(e),
+            Ok(rows) if rows.len() != order.len() => {
+                return Err(Error::UnknownOutcome(format!(
+                    "{} answers recorded, {} results returned",
+                    order.len(),
+                    rows.len()
+                )))
+            }
+            Ok(rows) => {
+                for (&i, row) in order.iter().zip(&rows) {
+                    results[i] = Some(self.recorded(&done[i].0, &done[i].1, row)?);
+                }
+            }
+        }
+        Ok(results.into_iter().flatten().collect())
     }
 
     /// Due sends, and an instant at or before the end of their lease (it began at the
@@ -748,16 +835,29 @@ impl Sender {
     }
 
     /// One round: takes up to `concurrency` due sends of `target` (of any: None), attempts
-    /// them at once, records each answer. Returns how many it attempted. A database error is
-    /// returned once every attempt of the round has ended; the answers it kept from being
-    /// recorded are recorded by the worker ([`run`](Sender::run)) once it has reconnected,
-    /// while their lease holds.
+    /// them at once and, once every attempt has ended, records their answers together (one
+    /// statement, one round trip; a round of one: the single call). Returns how many it
+    /// attempted. A database error is returned; the answers it kept from being recorded are
+    /// recorded by the worker ([`run`](Sender::run)) once it has reconnected, while their lease
+    /// holds.
     pub async fn run_once(&self, target: Option<&str>) -> Result<usize, Error> {
         let (taken, lease_end) = self.take(target, self.inner.concurrency, None, None).await?;
         let n = taken.len();
-        let results = join_all(taken.into_iter().map(|a| self.attempt_kept(a, lease_end))).await;
-        for result in results {
-            result?;
+        let answers = join_all(taken.iter().map(|a| self.answer(a))).await;
+        let done: Vec<(Attempt, Answer)> = taken.into_iter().zip(answers).collect();
+        let recorded = match done.as_slice() {
+            [] => return Ok(0),
+            [(a, answer)] => self.record(a, answer).await.map(drop),
+            several => self.record_round(several).await.map(drop),
+        };
+        if let Err(e) = recorded {
+            let mut unrecorded = self.inner.unrecorded.lock().unwrap();
+            unrecorded.extend(done.into_iter().map(|(attempt, answer)| Unrecorded {
+                attempt,
+                answer,
+                lease_end,
+            }));
+            return Err(e);
         }
         Ok(n)
     }

@@ -345,3 +345,146 @@ async fn the_worker_wakes_on_notify_not_on_its_poll() {
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), worker).await.expect("it stops").unwrap();
 }
+
+/// Logs, in a table of its own, each result recorded for target's sends: the operation and the
+/// transaction that recorded it. Returns the table's name.
+async fn recordings(db: &tokio_postgres::Client, target: &str) -> String {
+    let table = format!("public.{}", unique("test_rust_recorded").replace('-', "_"));
+    let function = format!("{table}_log");
+    db.batch_execute(&format!(
+        "CREATE TABLE {table} (n bigserial, xact xid8, operation text);
+         CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN INSERT INTO {table} (xact, operation) VALUES (pg_current_xact_id(), NEW.operation); RETURN NEW; END $$;
+         CREATE TRIGGER {} BEFORE UPDATE ON idempotency.outbound FOR EACH ROW
+           WHEN (NEW.target = '{target}' AND NEW.state <> 'sending') EXECUTE FUNCTION {function}();",
+        table.trim_start_matches("public.")
+    ))
+    .await
+    .unwrap();
+    table
+}
+
+/// The operations recorded (in order) and in how many transactions.
+async fn recorded(db: &tokio_postgres::Client, table: &str) -> (Vec<String>, i64) {
+    let ops = db.query(&format!("SELECT operation FROM {table} ORDER BY n"), &[]).await.unwrap();
+    let xacts = db.query_one(&format!("SELECT count(DISTINCT xact) FROM {table}"), &[]).await.unwrap();
+    (ops.iter().map(|r| r.get(0)).collect(), xacts.get(0))
+}
+
+/// A round of several sends has their answers recorded together: one statement, one
+/// transaction, the rows in (scope, operation) order, under the sender's own settings (its
+/// backoff); a round of one keeps the single call.
+#[tokio::test]
+async fn a_round_of_several_sends_is_recorded_together() {
+    let pool = pool();
+    let db = db().await;
+    let (round, target) = (unique("round"), unique("t"));
+    let table = recordings(&db, &target).await;
+    let op = |name: &str| format!("{round}-{name}");
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let seen = finished.clone();
+    let s = Sender::builder(pool.clone())
+        .send_with(|a: Attempt| async move {
+            let status = match a.operation.rsplit('-').next() {
+                Some("a") => 503,
+                Some("b") => 400,
+                _ => 201,
+            };
+            Answer::response(status, Default::default(), None)
+        })
+        .concurrency(4)
+        .backoff_base(Duration::from_millis(1))
+        .backoff_cap(Duration::from_millis(1))
+        .on_finished(move |a, _| seen.lock().unwrap().push(a.operation.clone()))
+        .build()
+        .unwrap();
+    for name in ["c", "a", "b"] {
+        prepared(&pool, &op(name), &target).await;
+    }
+    assert_eq!(s.run_once(Some(&target)).await.unwrap(), 3);
+    assert_eq!(recorded(&db, &table).await, (vec![op("a"), op("b"), op("c")], 1));
+    let a = s.status("shop", &op("a")).await.unwrap();
+    assert!(
+        matches!(
+            a,
+            Some(SendResult::NotYet { state: SendState::Pending, attempts: 1, last_status: Some(503), .. })
+        ),
+        "{a:?}"
+    );
+    let due = "SELECT next_attempt_at <= now() + interval '1 millisecond' FROM idempotency.outbound
+               WHERE scope = 'shop' AND operation = $1";
+    assert!(
+        db.query_one(due, &[&op("a")]).await.unwrap().get::<_, bool>(0),
+        "the retry within the sender's cap"
+    );
+    for (name, status) in [("b", 400), ("c", 201)] {
+        let now = s.status("shop", &op(name)).await.unwrap();
+        assert!(matches!(&now, Some(SendResult::Delivered(d)) if d.status == status), "{name}: {now:?}");
+    }
+    let mut done = finished.lock().unwrap().clone();
+    done.sort();
+    assert_eq!(done, vec![op("b"), op("c")]);
+
+    // a's retry, due within the cap: a round of one.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(s.run_once(Some(&target)).await.unwrap(), 1);
+    assert_eq!(recorded(&db, &table).await, (vec![op("a"), op("b"), op("c"), op("a")], 2));
+}
+
+/// When the extension refuses one answer of a round (IK002: the send is no longer held with
+/// its token; IK003: recorded already) the statement records none of them, and each is
+/// recorded on its own. Here b's send function has b's answer recorded from another session
+/// first: a retryable one (so the row is pending again, its token gone: IK002) or a final one
+/// (IK003, as when the reply to the sender's COMMIT was lost).
+#[tokio::test]
+async fn a_round_with_an_answer_refused_is_recorded_one_at_a_time() {
+    for (refused, b_status) in [("IK002", 503), ("IK003", 202)] {
+        let pool = pool();
+        let db = db().await;
+        let (round, target) = (unique("fallback"), unique("t"));
+        let table = recordings(&db, &target).await;
+        let op = |name: &str| format!("{round}-{name}");
+        let beside = pool.clone();
+        let s = Sender::builder(pool.clone())
+            .send_with(move |a: Attempt| {
+                let beside = beside.clone();
+                async move {
+                    if a.operation.ends_with("-b") {
+                        let db = beside.get().await.unwrap();
+                        db.query_one(
+                            "SELECT idempotency.idem_send_result($1, $2, $3, $4, NULL, '{}'::jsonb)",
+                            &[&a.scope, &a.operation, &a.token, &b_status],
+                        )
+                        .await
+                        .unwrap();
+                        return Answer::response(b_status as u16, Default::default(), None);
+                    }
+                    Answer::response(201, Default::default(), None)
+                }
+            })
+            .concurrency(4)
+            .build()
+            .unwrap();
+        for name in ["a", "b", "c"] {
+            prepared(&pool, &op(name), &target).await;
+        }
+        assert_eq!(s.run_once(Some(&target)).await.unwrap(), 3, "{refused}");
+        // b (from the other session), then a and c, each in its own transaction.
+        assert_eq!(recorded(&db, &table).await, (vec![op("b"), op("a"), op("c")], 3), "{refused}");
+        for name in ["a", "c"] {
+            let now = s.status("shop", &op(name)).await.unwrap();
+            assert!(
+                matches!(&now, Some(SendResult::Delivered(d)) if d.status == 201),
+                "{refused} {name}: {now:?}"
+            );
+        }
+        let b = s.status("shop", &op("b")).await.unwrap();
+        match refused {
+            "IK002" => assert!(
+                matches!(b, Some(SendResult::NotYet { state: SendState::Pending, attempts: 1, .. })),
+                "{b:?}"
+            ),
+            _ => assert!(matches!(&b, Some(SendResult::Delivered(d)) if d.status == 202), "{b:?}"),
+        }
+    }
+}

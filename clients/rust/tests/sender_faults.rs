@@ -569,7 +569,11 @@ async fn budget_and_backoff_of_the_sender_per_transaction_through_pgbouncer() {
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(none.run_once(Some(&target)).await.unwrap(), 0, "budget 0: no retries, though 12 are due");
-    assert_eq!(some.run_once(Some(&target)).await.unwrap(), 12, "budget 6: (6 x 12 first attempts + 10) / 6 >= 12");
+    assert_eq!(
+        some.run_once(Some(&target)).await.unwrap(),
+        12,
+        "budget 6: (6 x 12 first attempts + 10) / 6 >= 12"
+    );
     assert_eq!(r.requests(), 24);
     let through = connect(&bounced).await;
     let shown = "SELECT coalesce(current_setting('idempotency.send_retry_budget', true), ''),

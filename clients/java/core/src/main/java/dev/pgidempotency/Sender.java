@@ -20,6 +20,7 @@ import java.time.format.DateTimeFormatter;
 import java.time.format.DateTimeParseException;
 import java.util.ArrayList;
 import java.util.Collections;
+import java.util.Comparator;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Locale;
@@ -382,42 +383,40 @@ public final class Sender implements AutoCloseable {
         return record(a, answer(a));
     }
 
-    private SendResult record(Attempt a, Answer answer) throws SQLException {
-        String retryAfter = null;
+    /**
+     * idem_send_result's arguments after the scope, operation and token, as text (null: NULL):
+     * the status, the body, the headers as JSON, Retry-After as an interval, the error.
+     */
+    private static String[] resultText(Answer answer) {
+        String status = null;
         String headersJson = null;
+        String retryAfter = null;
         if (answer.status() != null) {
+            status = answer.status().toString();
             headersJson = Json.write(new HashMap<String, Object>(answer.headers()));
             retryAfter = parseRetryAfter(answer.headers().get("retry-after"), ZonedDateTime.now())
                     .map(SendRules::intervalText).orElse(null);
         }
+        return new String[] {status, answer.body(), headersJson, retryAfter, answer.error()};
+    }
+
+    private SendResult record(Attempt a, Answer answer) throws SQLException {
+        String[] v = resultText(answer);
         String sql = """
                 SELECT state, attempts, next_attempt_at
-                FROM idempotency.idem_send_result(?, ?, ?::uuid, ?, ?, ?::jsonb, ?::interval, ?)""";
-        String hdrs = headersJson;
-        String ra = retryAfter;
-        SendResult result;
+                FROM idempotency.idem_send_result(?, ?, ?::uuid, ?::int, ?, ?::jsonb, ?::interval, ?)""";
+        Row row;
         try {
-            result = call(sql, (st, i) -> {
+            row = call(sql, (st, i) -> {
                 setText(st, i, a.scope());
                 setText(st, i + 1, a.operation());
                 setText(st, i + 2, a.token().toString());
-                if (answer.status() == null) {
-                    st.setNull(i + 3, Types.INTEGER);
-                } else {
-                    st.setInt(i + 3, answer.status());
+                for (int k = 0; k < v.length; k++) {
+                    setText(st, i + 3 + k, v[k]);
                 }
-                setText(st, i + 4, answer.body());
-                setText(st, i + 5, hdrs);
-                setText(st, i + 6, ra);
-                setText(st, i + 7, answer.error());
             }, rs -> {
                 rs.next();
-                return switch (rs.getString(1)) {
-                    case "done" -> new SendResult.Delivered(answer.status(), answer.headers(), answer.body());
-                    case "gave_up" -> new SendResult.Unknown(a.key(), rs.getInt(2), answer.status(), answer.error());
-                    default -> new SendResult.NotYet(rs.getString(1), rs.getInt(2),
-                            rs.getObject(3, OffsetDateTime.class), answer.status(), answer.error());
-                };
+                return Row.of(rs);
             });
         } catch (IdempotencyException.ClaimTakenOver e) {
             return new SendResult.Lost(a.scope(), a.operation());
@@ -425,10 +424,96 @@ public final class Sender implements AutoCloseable {
             // Recorded already: the COMMIT's reply was lost with the connection.
             return status(a.scope(), a.operation()).orElseThrow(() -> e);
         }
+        return recorded(a, answer, row);
+    }
+
+    /** What idem_send_result returned for one answer. */
+    private record Row(String state, int attempts, OffsetDateTime nextAttemptAt) {
+        static Row of(ResultSet rs) throws SQLException {
+            return new Row(rs.getString(1), rs.getInt(2), rs.getObject(3, OffsetDateTime.class));
+        }
+    }
+
+    /** The result of an answer that idem_send_result recorded. */
+    private SendResult recorded(Attempt a, Answer answer, Row row) {
+        SendResult result = switch (row.state()) {
+            case "done" -> new SendResult.Delivered(answer.status(), answer.headers(), answer.body());
+            case "gave_up" -> new SendResult.Unknown(a.key(), row.attempts(), answer.status(), answer.error());
+            default -> new SendResult.NotYet(row.state(), row.attempts(), row.nextAttemptAt(), answer.status(),
+                    answer.error());
+        };
         if (!(result instanceof SendResult.NotYet)) {
             onFinished.accept(a, result);
         }
         return result;
+    }
+
+    /**
+     * The answers of a round, recorded together ({@code answers.get(i)} is {@code taken.get(i)}'s):
+     * one statement, so one round trip and one transaction, in (scope, operation) order (so that two
+     * senders never lock rows in opposite orders). When the extension refuses one of them (IK002:
+     * its lease was lost; IK003: recorded already) the statement records none, and each is recorded
+     * on its own. The results are in {@code taken}'s order.
+     */
+    private List<SendResult> recordRound(List<Attempt> taken, List<Answer> answers) throws SQLException {
+        List<Integer> order = new ArrayList<>();
+        for (int i = 0; i < taken.size(); i++) {
+            order.add(i);
+        }
+        order.sort(Comparator.comparing((Integer i) -> taken.get(i).scope())
+                .thenComparing(i -> taken.get(i).operation()));
+        int n = order.size();
+        String[][] columns = new String[8][n];
+        for (int k = 0; k < n; k++) {
+            Attempt a = taken.get(order.get(k));
+            String[] v = resultText(answers.get(order.get(k)));
+            columns[0][k] = a.scope();
+            columns[1][k] = a.operation();
+            columns[2][k] = a.token().toString();
+            for (int c = 0; c < v.length; c++) {
+                columns[3 + c][k] = v[c];
+            }
+        }
+        // The answers of a round in one statement, in the order given: idem_send_result once per
+        // element of the arrays.
+        String sql = """
+                SELECT r.state, r.attempts, r.next_attempt_at
+                FROM unnest(?::text[], ?::text[], ?::text[]::uuid[], ?::text[]::int[], ?::text[], ?::text[]::jsonb[],
+                            ?::text[]::interval[], ?::text[])
+                       WITH ORDINALITY AS a(scope, operation, token, http_status, response_body, response_headers,
+                                            retry_after, error, n),
+                     LATERAL idempotency.idem_send_result(a.scope, a.operation, a.token, a.http_status,
+                                                          a.response_body, a.response_headers, a.retry_after,
+                                                          a.error) AS r
+                ORDER BY a.n""";
+        SendResult[] results = new SendResult[n];
+        List<Row> rows;
+        try {
+            rows = call(sql, (st, i) -> {
+                for (int c = 0; c < columns.length; c++) {
+                    st.setArray(i + c, st.getConnection().createArrayOf("text", columns[c]));
+                }
+            }, rs -> {
+                List<Row> out = new ArrayList<>();
+                while (rs.next()) {
+                    out.add(Row.of(rs));
+                }
+                return out;
+            });
+        } catch (IdempotencyException.ClaimTakenOver | IdempotencyException.AlreadyCompleted e) {
+            for (int i : order) {
+                results[i] = record(taken.get(i), answers.get(i));
+            }
+            return List.of(results);
+        }
+        if (rows.size() != n) {
+            throw new SQLException(n + " answers recorded, " + rows.size() + " results returned");
+        }
+        for (int k = 0; k < n; k++) {
+            int i = order.get(k);
+            results[i] = recorded(taken.get(i), answers.get(i), rows.get(k));
+        }
+        return List.of(results);
     }
 
     /** Due sends, and a System.nanoTime() instant at or before the end of their lease (it began after this). */
@@ -551,47 +636,54 @@ public final class Sender implements AutoCloseable {
         }
     }
 
-    /** {@link #attempt}, keeping the answer when the database fails to record it. */
-    private SendResult attemptKept(Attempt a, long leaseEndNanos) throws SQLException {
-        Answer answer = answer(a);
-        try {
-            return record(a, answer);
-        } catch (SQLException e) {
-            synchronized (kept) {
-                kept.add(new Kept(a, answer, leaseEndNanos));
-            }
-            throw e;
-        }
-    }
-
     /**
      * One round: up to {@code concurrency} due sends of {@code target} (null: any), attempted at
-     * once. Returns how many. A database error is thrown once every attempt of the round has ended;
+     * once; once every attempt has ended their answers are recorded together (one statement, one
+     * round trip; a round of one: the single call). Returns how many. A database error is thrown;
      * the answers it kept from being recorded are recorded by the worker when it has reconnected
      * (while their lease holds).
      */
     public int runOnce(String target) throws SQLException {
         Taken taken = take(target, concurrency, null, null);
-        List<Future<SendResult>> running = new ArrayList<>();
-        for (Attempt a : taken.attempts()) {
-            running.add(pool.submit(() -> attemptKept(a, taken.leaseEndNanos())));
+        List<Attempt> attempts = taken.attempts();
+        List<Future<Answer>> running = new ArrayList<>();
+        for (Attempt a : attempts) {
+            running.add(pool.submit(() -> answer(a)));
         }
-        SQLException failed = null;
-        for (Future<SendResult> f : running) {
-            try {
-                f.get();
-            } catch (ExecutionException e) {
-                if (failed == null) {
-                    failed = e.getCause() instanceof SQLException s ? s : new SQLException(e.getCause());
+        List<Answer> answers = new ArrayList<>();
+        boolean interrupted = false;
+        for (Future<Answer> f : running) {
+            while (true) {
+                try {
+                    answers.add(f.get());
+                    break;
+                } catch (ExecutionException e) { // an Error out of the send function: no answer
+                    answers.add(Answer.noAnswer(e.getCause().getClass().getSimpleName() + ": "
+                            + e.getCause().getMessage()));
+                    break;
+                } catch (InterruptedException e) { // the attempts in flight are recorded first
+                    interrupted = true;
                 }
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
             }
         }
-        if (failed != null) {
-            throw failed;
+        if (interrupted) {
+            Thread.currentThread().interrupt();
         }
-        return taken.attempts().size();
+        try {
+            if (attempts.size() == 1) {
+                record(attempts.get(0), answers.get(0));
+            } else if (!attempts.isEmpty()) {
+                recordRound(attempts, answers);
+            }
+        } catch (SQLException e) {
+            synchronized (kept) {
+                for (int i = 0; i < attempts.size(); i++) {
+                    kept.add(new Kept(attempts.get(i), answers.get(i), taken.leaseEndNanos()));
+                }
+            }
+            throw e;
+        }
+        return attempts.size();
     }
 
     /** Records the kept answers whose lease still holds; the others are left to be taken again. */

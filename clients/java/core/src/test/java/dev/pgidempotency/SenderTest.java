@@ -272,4 +272,178 @@ class SenderTest {
 
         }
     }
+
+    /** Logs, in a table of its own, each result recorded for target's sends: the operation and its transaction. */
+    private static String recordings(PGSimpleDataSource ds, String target) throws SQLException {
+        String table = "test_java_recorded_" + UUID.randomUUID().toString().replace("-", "");
+        try (Connection c = ds.getConnection(); java.sql.Statement st = c.createStatement()) {
+            st.execute("CREATE TABLE public." + table + " (n bigserial, xact xid8, operation text)");
+            st.execute("CREATE FUNCTION public." + table + "_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    + "INSERT INTO public." + table + " (xact, operation) VALUES (pg_current_xact_id(), NEW.operation); "
+                    + "RETURN NEW; END $$");
+            st.execute("CREATE TRIGGER " + table + " BEFORE UPDATE ON idempotency.outbound FOR EACH ROW WHEN "
+                    + "(NEW.target = '" + target + "' AND NEW.state <> 'sending') EXECUTE FUNCTION public." + table
+                    + "_log()");
+        }
+        return "public." + table;
+    }
+
+    /** The operations recorded, in order, then how many transactions recorded them. */
+    private static List<String> recorded(PGSimpleDataSource ds, String table) throws SQLException {
+        List<String> out = new ArrayList<>();
+        try (Connection c = ds.getConnection(); java.sql.Statement st = c.createStatement()) {
+            try (ResultSet rs = st.executeQuery("SELECT operation FROM " + table + " ORDER BY n")) {
+                while (rs.next()) {
+                    out.add(rs.getString(1));
+                }
+            }
+            try (ResultSet rs = st.executeQuery("SELECT count(DISTINCT xact) FROM " + table)) {
+                rs.next();
+                out.add(rs.getInt(1) + " transactions");
+            }
+        }
+        return out;
+    }
+
+    private static int suffixStatus(Sender.Attempt a) {
+        return switch (a.operation().substring(a.operation().length() - 1)) {
+            case "a" -> 503;
+            case "b" -> 400;
+            default -> 201;
+        };
+    }
+
+    /**
+     * A round of several sends has their answers recorded together: one statement, one transaction,
+     * the rows in (scope, operation) order, under the sender's own settings (its backoff); a round of
+     * one keeps the single call.
+     */
+    @Test
+    void aRoundOfSeveralSendsIsRecordedTogether() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String round = unique("round");
+        String target = unique("t");
+        String log = recordings(ds, target);
+        List<String> finished = Collections.synchronizedList(new ArrayList<>());
+        try (Sender s = Sender.builder(ds).concurrency(4).backoff(Duration.ofMillis(1), Duration.ofMillis(1))
+                .send(a -> new Sender.Answer(suffixStatus(a), java.util.Map.of(), null, null))
+                .onFinished((a, r) -> finished.add(a.operation())).build()) {
+            for (String name : List.of("c", "a", "b")) {
+                prepared(ds, round + "-" + name, target, null);
+            }
+            assertEquals(3, s.runOnce(target));
+            assertEquals(List.of(round + "-a", round + "-b", round + "-c", "1 transactions"), recorded(ds, log));
+            SendResult.NotYet a = assertInstanceOf(SendResult.NotYet.class, s.status("shop", round + "-a").orElseThrow());
+            assertEquals("pending", a.state());
+            assertEquals(1, a.attempts());
+            try (Connection c = ds.getConnection(); PreparedStatement st = c.prepareStatement(
+                    "SELECT next_attempt_at <= clock_timestamp() FROM idempotency.outbound"
+                            + " WHERE scope = 'shop' AND operation = ?")) {
+                st.setString(1, round + "-a");
+                try (ResultSet rs = st.executeQuery()) {
+                    rs.next();
+                    assertTrue(rs.getBoolean(1), "the retry due within the sender's backoff cap (1 ms)");
+                }
+            }
+            assertEquals(400, assertInstanceOf(SendResult.Delivered.class, s.status("shop", round + "-b").orElseThrow())
+                    .status());
+            assertEquals(201, assertInstanceOf(SendResult.Delivered.class, s.status("shop", round + "-c").orElseThrow())
+                    .status());
+            List<String> done = new ArrayList<>(finished);
+            Collections.sort(done);
+            assertEquals(List.of(round + "-b", round + "-c"), done);
+
+            Thread.sleep(10); // a's retry, due within the cap: a round of one
+            assertEquals(1, s.runOnce(target));
+            assertEquals(List.of(round + "-a", round + "-b", round + "-c", round + "-a", "2 transactions"),
+                    recorded(ds, log));
+        }
+    }
+
+    /**
+     * When the extension refuses one answer of a round the statement records none of them, and each
+     * is recorded on its own. IK002: b's attempt outlives its lease and another session takes b over.
+     */
+    @Test
+    void aRoundWithALostLeaseIsRecordedOneAtATime() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String round = unique("lost");
+        String target = unique("t");
+        String log = recordings(ds, target);
+        AtomicBoolean takenOver = new AtomicBoolean();
+        List<SendResult> finished = Collections.synchronizedList(new ArrayList<>());
+        Sender s = Sender.builder(ds).concurrency(4).timeout(Duration.ofMillis(100)).lease(Duration.ofMillis(300))
+                .onFinished((a, r) -> finished.add(r)).send(a -> {
+                    if (a.operation().endsWith("-b")) {
+                        try (Connection c = ds.getConnection(); PreparedStatement st = c.prepareStatement(
+                                "SELECT count(*) FROM idempotency.idem_send_next(scope => 'shop', operation => ?,"
+                                        + " lease => '1 minute')")) {
+                            Thread.sleep(500); // past the lease
+                            st.setString(1, a.operation());
+                            try (ResultSet rs = st.executeQuery()) {
+                                rs.next();
+                                takenOver.set(rs.getInt(1) == 1);
+                            }
+                        } catch (SQLException | InterruptedException e) {
+                            throw new IllegalStateException(e);
+                        }
+                    }
+                    return new Sender.Answer(201, java.util.Map.of(), null, null);
+                }).build();
+        try (s) {
+            for (String name : List.of("a", "b", "c")) {
+                prepared(ds, round + "-" + name, target, null);
+            }
+            assertEquals(3, s.runOnce(target));
+            assertTrue(takenOver.get(), "b taken over by the other session");
+            assertEquals(List.of(round + "-a", round + "-c", "2 transactions"), recorded(ds, log));
+            assertEquals(2, finished.size());
+            assertEquals("sending",
+                    assertInstanceOf(SendResult.NotYet.class, s.status("shop", round + "-b").orElseThrow()).state());
+            for (String name : List.of("a", "c")) {
+                assertEquals(201, assertInstanceOf(SendResult.Delivered.class,
+                        s.status("shop", round + "-" + name).orElseThrow()).status());
+            }
+        }
+    }
+
+    /**
+     * IK003: b's answer was recorded already (from another session, with b's token: as when the
+     * reply to the sender's COMMIT was lost); the round falls back to one at a time, b's result
+     * read from its row.
+     */
+    @Test
+    void aRoundWithAnAnswerRecordedAlreadyIsRecordedOneAtATime() throws Exception {
+        PGSimpleDataSource ds = dataSource(null);
+        String round = unique("recorded");
+        String target = unique("t");
+        String log = recordings(ds, target);
+        Sender s = Sender.builder(ds).concurrency(4).send(a -> {
+            int status = 201;
+            if (a.operation().endsWith("-b")) {
+                status = 202;
+                try (Connection c = ds.getConnection(); PreparedStatement st = c.prepareStatement(
+                        "SELECT state FROM idempotency.idem_send_result('shop', ?, ?::uuid, 202, NULL, '{}'::jsonb)")) {
+                    st.setString(1, a.operation());
+                    st.setString(2, a.token().toString());
+                    st.executeQuery().close();
+                } catch (SQLException e) {
+                    throw new IllegalStateException(e);
+                }
+            }
+            return new Sender.Answer(status, java.util.Map.of(), null, null);
+        }).build();
+        try (s) {
+            for (String name : List.of("a", "b", "c")) {
+                prepared(ds, round + "-" + name, target, null);
+            }
+            assertEquals(3, s.runOnce(target));
+            assertEquals(List.of(round + "-b", round + "-a", round + "-c", "3 transactions"), recorded(ds, log));
+            for (String name : List.of("a", "b", "c")) {
+                SendResult.Delivered d = assertInstanceOf(SendResult.Delivered.class,
+                        s.status("shop", round + "-" + name).orElseThrow());
+                assertEquals(name.equals("b") ? 202 : 201, d.status());
+            }
+        }
+    }
 }

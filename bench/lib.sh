@@ -25,7 +25,7 @@ machine_info() {
     echo "load:        $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
     echo "server:      $(q -c 'SELECT version()')"
     echo "extension:   $(sha256sum "$("$PGBIN/pg_config" --pkglibdir)/idempotency.so" | cut -c1-16) (sha256 of idempotency.so), repo at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD -- src sql 2>/dev/null || echo ' + uncommitted changes in src/ or sql/')"
-    echo "settings:    $(q -c "SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings WHERE source NOT IN ('default', 'override') AND name NOT IN ('unix_socket_directories', 'listen_addresses', 'lc_messages', 'lc_monetary', 'lc_numeric', 'lc_time', 'log_timezone', 'TimeZone', 'default_text_search_config', 'DateStyle', 'dynamic_shared_memory_type', 'application_name', 'client_encoding', 'transaction_isolation', 'default_transaction_isolation')")"
+    echo "settings:    $(q -c "SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings WHERE source NOT IN ('default', 'override') AND name NOT IN ('port', 'unix_socket_directories', 'listen_addresses', 'lc_messages', 'lc_monetary', 'lc_numeric', 'lc_time', 'log_timezone', 'TimeZone', 'default_text_search_config', 'DateStyle', 'dynamic_shared_memory_type', 'application_name', 'client_encoding', 'transaction_isolation', 'default_transaction_isolation')")"
 }
 
 # The next transaction id to be assigned, and the WAL insert position: read without taking one.

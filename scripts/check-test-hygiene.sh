@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 SCOPE=(tests bench scripts/test.sh scripts/setup.sh .ci 'clients/*/test.sh' 'clients/*/test/*' 'clients/*/tests/*'
-    ':!tests/lib.sh')
+    ':!tests/lib.sh' ':!bench/figures')
 HOST_CHANGE='/proc/sys|\bsysctl\b'
 NUM='(?<![\w.])[1-9]\d{3,4}\b'
 NAME='(?<![a-z])(?:port|ports|port_base)(?![a-z_])' # port, pg_port, E2E_PORT, DEMO_PORT_BASE; not PORT_SEED

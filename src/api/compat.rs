@@ -30,7 +30,7 @@ fn idem_claim(
 }
 
 /// `idem_claim_wait_token_wrapper`: the seven-argument idem_claim of releases 0.4.0, 0.4.1
-/// and 0.5.0 (0.6.0 added `deferred` under the new symbol idem_claim_deferred_wrapper).
+/// and 0.5.0 (`deferred`, new in 0.6.0, under the new symbol idem_claim_deferred_wrapper).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(sql = false)]
 fn idem_claim_wait_token(

@@ -391,7 +391,7 @@ def mixed(cl):
     """Claims and sightings of one key at once, half in transaction blocks (run on the
     coordinator, which takes the key lock there) and half in autocommit (delegated to the
     shard's worker, which takes it there): the two meet at the primary key, and every call
-    still answers as the contract says (0.6.0 before the fix: 23505 from the late INSERT)."""
+    still answers as the contract says (before the fix: 23505 from the late INSERT)."""
     n = 20
     s = cl.scope("mixed")
     conns = [connect(cl.coord_info) for _ in range(n)]

@@ -65,14 +65,16 @@ mentions() { g grep -nE "(^|[^0-9.])$o(\$|[^0-9.]|\\.[^0-9])" -- "$@"; }
 HISTORY=(':!CHANGELOG.md' ':!BENCHMARKS.md' ':!packaging/debian/changelog' ':!sql/releases/'
     ':!sql/idempotency--*--*.sql' ':!sql/portable/idempotency-portable--*.sql'
     ':!sql/portable/pgtle.sql' ':!sql/portable/functions/' ':!sql/portable/*.sql.in'
-    ':!*.lock' ':!*package-lock.json')
+    ':!*.lock' ':!*package-lock.json' ':!bench/')
 # Lines elsewhere that name a release as history (true whatever the version is now). Drop
 # an entry once the version has moved past the release it names.
 # Also, anywhere: a version in parentheses, "(X)", "(X: ...", "(X; ...", "(X, ...", the
-# docs' mark of the release that brought a thing, and "before X", "since X", "new in X",
-# "Release X".
+# docs' mark of the release that brought a thing, and "before X", "since X", "from X",
+# "new in X", "Release X", "extension X" (a client's note of the release it needs), an
+# upgrade path "W -> X", "W to X", "W--X.sql", and "X's ". bench/ names the releases it
+# compares.
 V='[0-9]+\.[0-9]+\.[0-9]+'
-HISTORY_LINES="\\(${V}[),:;]|(before|since|new in|[Rr]elease) $V|"'^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1|^docs/portable\.md:[0-9]+:.*(The native 0\.4\.1 view|The edits of 0\.4\.1, both unified in 0\.5\.0)'
+HISTORY_LINES="\\(${V}[),:;]|([Bb]efore|[Ss]ince|new in|[Rr]elease|[Ff]rom|extension) $V|$V (->|to) $V|--$V\\.sql|$V's |"'^docs/portable\.md:[0-9]+:\*\*Fixed in 0\.4\.1: |^docs/portable\.md:[0-9]+:.*0\.4\.0 -> 0\.4\.1|^docs/portable\.md:[0-9]+:.*(The native 0\.4\.1 view|The edits of 0\.4\.1, both unified in 0\.5\.0)'
 check "no file states $OLD where the version moves (history files and lines aside)" "" \
     "$(mentions "${HISTORY[@]}" | grep -Ev "$HISTORY_LINES")"
 # shellcheck disable=SC2016 # $_pgtle_$ is a dollar quote, not an expansion

@@ -5,9 +5,11 @@
 # on, on a fresh cluster holding completed, in-progress, stale and expired claims, seen
 # messages and outbound requests, so the direct read finds rows.
 #   tests/sqlsmith/run.sh
-#   SQLSMITH_SEED=N      SQLsmith's seed (default 22: its 3000 queries call idem_claim and
-#                        idem_seen with records' scopes and keys, 100-200 and some 4000
-#                        times; many seeds reach only one of the two)
+#   SQLSMITH_SEED=N      SQLsmith's seed (default 3: on 0.6.0's objects its 3000 queries
+#                        read keys directly 64 times and messages 2200 times; many seeds
+#                        reach only one of the two, and a change of the extension's
+#                        functions changes what a seed generates: 22, the seed of 0.5.0,
+#                        no longer reaches messages)
 #   SQLSMITH_QUERIES=N   how many queries SQLsmith generates (default 3000, about 30 s here)
 #   SQLSMITH_KEEP=1      keep the cluster's folder (kept anyway when a check fails)
 # Checks: SQLsmith ran its queries; the server log holds no crash (a backend terminated by
@@ -20,7 +22,7 @@ set -uo pipefail
 cd "$ROOT" || exit 2
 DIR=$(dir_of sqlsmith)
 PORT=$(port_of sqlsmith)
-SEED=${SQLSMITH_SEED:-22}
+SEED=${SQLSMITH_SEED:-3}
 QUERIES=${SQLSMITH_QUERIES:-3000}
 # Enough queries for the checks below to mean something: fewer, and SQLsmith stopped early.
 MIN_QUERIES=$((QUERIES * 9 / 10))

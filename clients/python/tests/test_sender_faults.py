@@ -296,7 +296,8 @@ def test_budget_and_backoff_of_the_sender_per_transaction_through_pgbouncer(db_u
     """Two senders through PgBouncer (transaction pooling) with their own budget and backoff:
     12 first attempts answered 503; each retry due within the senders' cap (1 ms, where the
     database's is 200 ms); the sender with budget 0 hands out no retry, the one with budget 6
-    all 12 (floor((6 x 12 + 10) / 6) = 13 over the window's last sixth); and no other transaction sees their values (set_config(..., true))."""
+    all 12 (floor((6 x 12 + 10) / 6) = 13 over the window's last sixth); and no other
+    transaction sees their values (set_config(..., true))."""
     url = os.environ.get("IDEM_PY_PGBOUNCER_URL")
     if not url:
         pytest.skip("IDEM_PY_PGBOUNCER_URL is not set (clients/python/test.sh starts PgBouncer and sets it)")

@@ -467,8 +467,8 @@ for major in "${majors[@]}"; do
         if is_beside "$name"; then lane+=("$name"); else run "$name" "$PG_MAJOR"; fi
     done
     stop_test_cluster
-    lane_join
-    [ ${#lane[@]} -gt 0 ] && lane_start "$PG_MAJOR" "${lane[@]}"
+    # A lane goes on through the next majors and the after-suites, until another one starts.
+    if [ ${#lane[@]} -gt 0 ]; then lane_join; lane_start "$PG_MAJOR" "${lane[@]}"; fi
 done
 [ ${#after[@]} -gt 0 ] && { echo; echo "==== after every major"; use_major "${majors[0]}"; }
 for name in "${after[@]}"; do

@@ -4,11 +4,14 @@
 \pset format unaligned
 \pset tuples_only on
 
--- Every contract function, with the native edition's identity arguments and volatility.
+-- Every contract function, with the native edition's identity arguments and volatility; not
+-- the portable edition's own (contract/contract.json's "editions": ["portable"]: the steps of
+-- idem_send_next and idem_send_result, which the native library runs itself).
 SELECT 'functions|' || string_agg(p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
                                   || p.provolatile::text || CASE WHEN p.proisstrict THEN ' strict' ELSE '' END
                                   || ' ' || p.proparallel::text, '; ' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
-  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname !~ '^portable_';
+  FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.proname !~ '^portable_'
+   AND p.proname NOT IN ('send_take', 'send_hand_out', 'send_finish', 'send_count');
 -- Every function pins search_path (the procedure cannot: it commits, and qualifies every name).
 SELECT 'unpinned|' || coalesce(string_agg(p.oid::regprocedure::text, ', '), '')
   FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace AND p.prokind = 'f'

@@ -145,11 +145,14 @@ run() {
     local budget="" script=$WORK/ours.pgbench
     [ "$2" = retries ] && budget="-c idempotency.send_retry_budget=1000000"
     [ "$1" = hand ] && script=$WORK/hand.pgbench
-    prepare "$1" "$2" $((SECONDS_PER_RUN * 8000 + 1000))
+    # More due sends than a run can do: a run that empties them measures the backlog, not the rate.
+    local count=$((SECONDS_PER_RUN * 30000 + 1000))
+    prepare "$1" "$2" "$count"
     PGOPTIONS="$budget" pgbench -n -h "$CDIR/socket" -p "$PORT" -U postgres -c "$3" -j "$3" -T "$SECONDS_PER_RUN" \
         -f "$script" "send_cost_$1" >"$WORK/pgbench.log" 2>&1 || { cat "$WORK/pgbench.log" >&2; return 1; }
     local done_
     done_=$(done_sends "$1")
+    [ "$done_" -lt "$count" ] || echo "bench/send_cost.sh: $1 $2 at $3 sessions did all $count sends: its rate is a floor" >&2
     if [ "$2" = first ] && [ "$3" = 4 ]; then
         versions "$1" "$done_" >"$WORK/versions-$1"
     fi

@@ -57,9 +57,18 @@ cluster_stop "$dir/pg"
 [ -d "$dir/modcache" ] && chmod -R u+w "$dir/modcache"
 rm -rf "$dir"
 mkdir -p "$dir/home" "$dir/new"
-# A HOME of this run (the README's ~/idem-goproxy), a module cache of its own; the build cache
-# stays the usual one (content-addressed: it holds no module's source).
-GOCACHE=$(go env GOCACHE)
+# A HOME of this run (the README's ~/idem-goproxy), a module cache of its own, and a build
+# cache of this module's content: the go command takes a module version for immutable and
+# keeps what it learned of it (its files' imports) in the build cache, but the clone's
+# $version changes with every commit (a shared cache made the build miss a newly imported
+# package: "could not import slices (open : no such file or directory)"). The first run of a
+# content builds the standard library and the dependencies again (about 25 s).
+content=$(cd "$root" && git ls-files --cached --others --exclude-standard -z -- clients/go |
+    xargs -0 sha256sum | sha256sum | cut -c1-16)
+caches=$root/target/artifacts-go-cache
+find "$caches" -mindepth 1 -maxdepth 1 ! -name "$content" -exec rm -rf {} + 2>/dev/null
+GOCACHE=$caches/$content
+mkdir -p "$GOCACHE"
 export GOCACHE HOME=$dir/home GOMODCACHE=$dir/modcache GOFLAGS="-modcacherw -buildvcs=false"
 
 # readme_block MARKER [LANG]: the LANG (sh) block after the README line holding MARKER
